@@ -1,0 +1,153 @@
+"""Command-line entry of every project's train.py: flags -> config, data, plan -> train -> evaluate -> results.json."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+
+from languini import compute_class, default_corpus, flops, throughput, tokenizer
+from languini.books import BooksDataset, DataError
+from languini.flags import add_dataclass_flags, overrides
+from languini.logs import RunLog
+from languini.trainer import NonFiniteLoss, Trainer, TrainConfig, init_distributed, write_json
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = REPO_ROOT / "data"
+CPU_CONFIG = "cpu"
+
+
+def build_parser(project: str, configs) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"projects/{project}/train.py",
+        description=f"Train and evaluate a {project} model for a compute class.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--config", default=None,
+                        help=f"model size, one of {', '.join(configs.SIZES)} (default: the compute class's, "
+                             f"or '{CPU_CONFIG}' on a machine without a GPU)")
+    add_dataclass_flags(parser, TrainConfig, "training")
+    add_dataclass_flags(parser, configs.ModelConfig, "model (override fields of --config)")
+    return parser
+
+
+def load_data(tcfg: TrainConfig, model_cfg, say) -> tuple[BooksDataset, object, bool]:
+    """The dataset, the model config (vocab adjusted for the default corpus) and whether it is the default."""
+    if tcfg.data_root is not None:
+        return BooksDataset(tcfg.data_root, model_cfg.vocab_size), model_cfg, False
+    if (DEFAULT_DATA / f"books_{model_cfg.vocab_size}").is_dir():
+        return BooksDataset(DEFAULT_DATA, model_cfg.vocab_size), model_cfg, False
+    ds = default_corpus.ensure(DEFAULT_DATA / "default_corpus")
+    vocab_note = ""
+    if model_cfg.vocab_size != default_corpus.VOCAB_SIZE:
+        model_cfg = dataclasses.replace(model_cfg, vocab_size=default_corpus.VOCAB_SIZE)
+        vocab_note = f", vocab set to its {default_corpus.VOCAB_SIZE}"
+    say(f"No dataset given (--data_root) or in {DEFAULT_DATA}: using the {default_corpus.LABEL}{vocab_note}.")
+    return ds, model_cfg, True
+
+
+def bytes_table(ds: BooksDataset, tcfg: TrainConfig, vocab_size: int) -> torch.Tensor:
+    path = Path(tcfg.tokenizer) if tcfg.tokenizer else ds.tokenizer_path()
+    if path is None or not path.exists():
+        raise DataError(f"Normalised perplexity needs the data's SentencePiece model to count bytes; none in {ds.dir}. "
+                        "Pass --tokenizer PATH/books_<vocab>.model.")
+    sp = tokenizer.load(path)
+    if sp.get_piece_size() != vocab_size:
+        raise DataError(f"The tokenizer {path} has {sp.get_piece_size()} tokens but the model's vocab is {vocab_size}.")
+    return torch.from_numpy(tokenizer.bytes_per_token(sp))
+
+
+def main(project: str, configs, model_cls, argv: list[str] | None = None) -> dict | None:
+    args = build_parser(project, configs).parse_args(argv)
+    try:
+        return run(project, configs, model_cls, args)
+    except (DataError, ValueError, FileExistsError, FileNotFoundError, throughput.ThroughputNotFoundError,
+            NonFiniteLoss) as e:
+        sys.exit(f"error: {e}")
+
+
+def run(project: str, configs, model_cls, args: argparse.Namespace) -> dict | None:
+    ddp = init_distributed()
+    say = print if ddp.main else (lambda *a, **k: None)
+    device = torch.device(f"cuda:{ddp.local_rank}" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+    train_over = overrides(args, TrainConfig)
+    cc = train_over.get("compute_class")
+    class_defaults = dict(configs.COMPUTE_CLASSES.get(cc, {})) if cc else {}
+    config_name = args.config or class_defaults.pop("config", None)
+    class_defaults.pop("config", None)
+    if args.config is None and device.type == "cpu":
+        config_name, class_defaults = CPU_CONFIG, {}
+        train_over.setdefault("reference_hardware", "cpu")
+        say(f"No GPU: using the CPU-sized config '{CPU_CONFIG}' with reference hardware 'cpu' (pass --config to choose).")
+    config_name = config_name or "small"
+    tcfg = TrainConfig(**{**class_defaults, **train_over})
+    model_cfg = configs.get(config_name, **overrides(args, configs.ModelConfig))
+
+    dataset, model_cfg, _ = load_data(tcfg, model_cfg, say)
+    bytes_per_token = bytes_table(dataset, tcfg, model_cfg.vocab_size)
+
+    local_hw = throughput.local_device_name(device)
+    fwd_flops = None
+    if ddp.main:
+        fwd_flops = flops.forward_flops(model_cls(model_cfg).to(device), model_cfg.seq_len, model_cfg.vocab_size,
+                                        device)
+    registry = Path(sys.modules[configs.__name__].__file__).parent / "throughput.csv"
+    if tcfg.max_steps is not None:
+        steps = tcfg.max_steps
+        tok_s = tcfg.tokens_per_second
+        if tok_s is None:
+            try:
+                tok_s = throughput.lookup(registry, project, config_name, tcfg.reference_hardware,
+                                          model_cfg.seq_len).tokens_per_second
+            except throughput.ThroughputNotFoundError:
+                tok_s = float("nan")  # accelerator time is unknown without a throughput
+        say(f"Training {project}/{config_name} for --max_steps {steps} (no compute class).")
+    elif tcfg.compute_class is not None:
+        plan = compute_class.plan_training(
+            project, config_name, tcfg.compute_class, tcfg.batch_size, model_cfg.seq_len, registry,
+            tcfg.reference_hardware, tcfg.tokens_per_second, fwd_flops, local_hw, ddp.world_size)
+        say(compute_class.format_plan(plan))
+        steps, tok_s = plan.steps, plan.tokens_per_second
+    else:
+        raise ValueError("Give a budget: --compute_class (e.g. 6h, 24h, 15m, 90s) or --max_steps N.")
+    if tcfg.dry_run:
+        return None
+
+    run_name = tcfg.run_name or (f"{project}_{config_name}_{tcfg.compute_class or f'{steps}steps'}"
+                                 f"_bs{tcfg.batch_size}_seed{tcfg.seed}")
+    run_dir = Path(tcfg.out_dir) / run_name
+    if (run_dir / "checkpoint.pt").exists() and not tcfg.resume:
+        raise FileExistsError(f"{run_dir} already holds a run; continue it with --resume true "
+                              "or start another with --run_name NAME.")
+    if ddp.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+
+    peak = flops.device_peak(local_hw)
+    trainer = Trainer(project=project, config_name=config_name, model_cfg=model_cfg, model_cls=model_cls,
+                      tcfg=tcfg, dataset=dataset, bytes_per_token=bytes_per_token, run_dir=run_dir,
+                      total_steps=steps, tokens_per_second=tok_s, reference_hardware=tcfg.reference_hardware,
+                      flops_per_forward=fwd_flops, device=device, ddp=ddp)
+    trainer.peak_flops = peak.flops_per_second if peak else None
+    config = {"project": project, "config": config_name, "model": dataclasses.asdict(model_cfg),
+              "train": dataclasses.asdict(tcfg), "steps": steps}
+    log = RunLog(run_dir, config, tcfg.wandb, tcfg.wandb_project, tcfg.tensorboard, enabled=ddp.main,
+                 resume_step=trainer.step if tcfg.resume else None)
+    say(f"{sum(p.numel() for p in trainer.model.parameters()):,} parameters, {trainer.precision} on {local_hw}"
+        f"{f' x {ddp.world_size}' if ddp.world_size > 1 else ''}; run folder {run_dir}")
+    try:
+        trainer.train(log)
+        if trainer.step < steps:
+            say(f"Stopped after step {trainer.step} of {steps} as asked; continue with --resume true.")
+            return None
+        say("Final evaluation (fast: all predictions; slow: last quarter of each window):")
+        results = trainer.results(trainer.final_evaluation(log), tcfg.compute_class)
+    finally:
+        log.close()
+    if ddp.main:
+        write_json(run_dir / "results.json", results)
+        say(f"Wrote {run_dir / 'results.json'}")
+    return results

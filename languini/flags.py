@@ -1,0 +1,49 @@
+"""Command-line flags generated from dataclass fields; booleans are explicit (`--compile true`), never toggles."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+
+
+def parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+def _parser_for(annotation):
+    """The argparse type of a field annotation such as int, float | None or str."""
+    if isinstance(annotation, str):
+        annotation = eval(annotation, vars(typing))  # annotations are strings under `from __future__ import annotations`
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    optional = typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1
+    base = args[0] if optional else annotation
+    convert = parse_bool if base is bool else base
+
+    def parse(text: str):
+        if optional and text.strip().lower() == "none":
+            return None
+        return convert(text)
+
+    parse.__name__ = getattr(base, "__name__", str(base))  # argparse names the type in its errors
+    return parse
+
+
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls, title: str, skip=()) -> None:
+    group = parser.add_argument_group(title)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        group.add_argument(f"--{f.name}", type=_parser_for(f.type), default=None,
+                           metavar=f.name.upper(), help=f.metadata.get("help", f"(default: {f.default})"))
+
+
+def overrides(args: argparse.Namespace, cls) -> dict:
+    """The fields of `cls` that were given on the command line."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in vars(args).items() if k in names and v is not None}

@@ -1,0 +1,68 @@
+"""Run logs: a JSON-lines file always; wandb and tensorboard when asked. Only rank 0 writes."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+class RunLog:
+    def __init__(self, run_dir: Path, config: dict, use_wandb: bool = False, wandb_project: str = "languini",
+                 use_tensorboard: bool = False, enabled: bool = True, resume_step: int | None = None):
+        self.enabled = enabled
+        self.path = run_dir / "log.jsonl"
+        self.wandb = self.tb = None
+        if not enabled:
+            return
+        if resume_step is not None:
+            self._truncate_after(resume_step)
+        if use_wandb:
+            import wandb
+
+            if "WANDB_MODE" not in os.environ and not os.environ.get("WANDB_API_KEY"):
+                print("wandb: no WANDB_API_KEY and no WANDB_MODE set, logging offline (sync later with `wandb sync`).")
+                os.environ["WANDB_MODE"] = "offline"
+            self.wandb = wandb.init(project=wandb_project, name=run_dir.name, dir=str(run_dir), config=config,
+                                    resume="allow", id=run_dir.name.replace("/", "_"))
+        if use_tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:
+                raise RuntimeError("--tensorboard true needs the tensorboard package: "
+                                   "pip install -e '.[tensorboard]'") from e
+            self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def _truncate_after(self, step: int):
+        """Drop rows a killed run wrote after its last checkpoint, so a resumed log has no duplicates."""
+        if not self.path.exists():
+            return
+        rows = [line for line in self.path.read_text().splitlines() if line.strip()]
+        kept = [r for r in rows if json.loads(r).get("step", 0) <= step]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(r + "\n" for r in kept))
+        os.replace(tmp, self.path)
+
+    def write(self, row: dict):
+        """One event; rows carry step, tokens and accelerator_seconds so any of them can be the x-axis."""
+        if not self.enabled:
+            return
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        metrics = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        prefix = row["event"] if row["event"] != "eval" else f"eval/{row['split']}/{row['mode']}"
+        if self.wandb is not None:
+            self.wandb.log({f"{prefix}/{k}" if k not in ("step", "tokens", "accelerator_seconds") else k: v
+                            for k, v in metrics.items()}, step=row["step"])
+        if self.tb is not None:
+            for k, v in metrics.items():
+                if k in ("step", "tokens", "accelerator_seconds"):
+                    continue
+                self.tb.add_scalar(f"{prefix}/{k}", v, row["step"])
+                self.tb.add_scalar(f"{prefix}/{k}_by_tokens", v, row["tokens"])
+                self.tb.add_scalar(f"{prefix}/{k}_by_accelerator_seconds", v, int(row["accelerator_seconds"]))
+
+    def close(self):
+        if self.wandb is not None:
+            self.wandb.finish()
+        if self.tb is not None:
+            self.tb.close()

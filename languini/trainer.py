@@ -1,0 +1,320 @@
+"""The one language-model trainer shared by all projects.
+
+Model contract: `model(x, state) -> (logits, state)`; stateless models return None. The state of every
+micro-batch (its streams) is carried from step to step, detached, and saved in checkpoints.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import math
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils._pytree import tree_map
+from tqdm import tqdm
+
+from languini import checkpoint
+from languini.books import BooksDataset, TrainBatches
+from languini.evaluation import Evaluator
+
+
+@dataclass
+class TrainConfig:
+    compute_class: str | None = None  # e.g. 6h, 24h, 90s: the budget in reference-hardware time
+    reference_hardware: str = "RTX 3090"
+    tokens_per_second: float | None = None  # overrides the registry's throughput
+    max_steps: int | None = None  # train for this many steps instead of a compute class (debugging)
+    batch_size: int = 16  # global batch: sequences per optimiser step, whatever the processes and accumulation
+    micro_batches: int = 1  # gradient-accumulation steps per process
+    lr: float = 6e-4
+    warmup_steps: int = 200  # clamped to a tenth of the run
+    final_lr_fraction: float = 0.01  # cosine decay to lr/100, as in the paper
+    grad_clip: float | None = None  # max gradient norm; None disables clipping
+    eval_every: int | None = None  # steps between evaluations; None: ten per run
+    checkpoint_every: int | None = None  # steps between checkpoints; None: at every evaluation
+    stop_at_step: int | None = None  # save and exit after this step (split a run into several jobs)
+    log_every: int = 10
+    eval_batch_size: int = 16
+    eval_max_batches: int | None = 500  # fast eval: up to this many batches per split
+    slow_eval_max_windows: int | None = None  # slow eval: cap on windows per split (None: the whole split)
+    precision: str = "auto"  # auto (bf16 if supported, else fp16 with a grad scaler; fp32 on CPU), bf16, fp16, fp32
+    compile: bool = False
+    seed: int = 0
+    data_root: str | None = None  # folder holding books_<vocab>/; None: data/ or the embedded default corpus
+    tokenizer: str | None = None  # SentencePiece model of the data, if not inside the data folder
+    out_dir: str = "runs"
+    run_name: str | None = None
+    resume: bool = False
+    wandb: bool = False
+    wandb_project: str = "languini"
+    tensorboard: bool = False
+    dry_run: bool = False
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+def detach(state):
+    return tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, state)
+
+
+def lr_factor(step: int, total: int, warmup: int, final_fraction: float) -> float:
+    """Linear warm-up, then cosine decay from 1 to final_fraction at the last step."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+    return final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def precision_for(device: torch.device, precision: str):
+    """(autocast context factory, grad scaler or None, name)."""
+    if precision == "auto":
+        if device.type == "cuda":
+            precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        else:
+            precision = "fp32"
+    if precision == "fp32":
+        return contextlib.nullcontext, None, precision
+    if precision not in ("bf16", "fp16"):
+        raise ValueError(f"--precision must be auto, bf16, fp16 or fp32, not {precision}")
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+    return (lambda: torch.autocast(device.type, dtype=dtype)), scaler, precision
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed() -> Dist:
+    """torchrun sets WORLD_SIZE/RANK/LOCAL_RANK; DDP then does all gradient synchronisation."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return Dist()
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend)
+    return Dist(dist.get_rank(), world, int(os.environ.get("LOCAL_RANK", "0")))
+
+
+class Trainer:
+    def __init__(self, *, project: str, config_name: str, model_cfg, model_cls, tcfg: TrainConfig,
+                 dataset: BooksDataset, bytes_per_token: torch.Tensor, run_dir: Path, total_steps: int,
+                 tokens_per_second: float, reference_hardware: str, flops_per_forward: float | None = None,
+                 device: torch.device | None = None, ddp: Dist | None = None, extra_results: dict | None = None):
+        self.project, self.config_name, self.model_cfg, self.tcfg = project, config_name, model_cfg, tcfg
+        self.dataset, self.run_dir, self.total_steps = dataset, run_dir, total_steps
+        self.tokens_per_second, self.reference_hardware = tokens_per_second, reference_hardware
+        self.flops_per_forward, self.extra_results = flops_per_forward, extra_results or {}
+        self.ddp = ddp or Dist()
+        self.device = device or torch.device("cpu")
+        self.seq_len = model_cfg.seq_len
+        self.tokens_per_step = tcfg.batch_size * self.seq_len
+
+        torch.manual_seed(tcfg.seed)
+        self.model = model_cls(model_cfg).to(self.device)
+        groups = (self.model.optimizer_groups(tcfg.lr) if hasattr(self.model, "optimizer_groups")
+                  else [{"params": list(self.model.parameters()), "lr": tcfg.lr}])
+        self.opt = torch.optim.Adam(groups, lr=tcfg.lr, betas=(0.9, 0.95), eps=1e-8,
+                                    fused=self.device.type == "cuda")
+        warmup = min(tcfg.warmup_steps, max(total_steps // 10, 1))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: lr_factor(s, total_steps, warmup, tcfg.final_lr_fraction))
+        self.autocast, self.scaler, self.precision = precision_for(self.device, tcfg.precision)
+
+        self.train_model = self.model
+        if tcfg.compile:
+            self.train_model = torch.compile(self.model)
+        if self.ddp.world_size > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.train_model = torch.nn.parallel.DistributedDataParallel(self.train_model, device_ids=ids)
+
+        self.batches = TrainBatches(dataset.books("train"), model_cfg.vocab_size, tcfg.batch_size, self.seq_len,
+                                    tcfg.micro_batches, self.ddp.rank, self.ddp.world_size)
+        self.states = [None] * tcfg.micro_batches
+        self.evaluator = Evaluator(bytes_per_token, model_cfg.vocab_size, self.seq_len, self.device,
+                                   tcfg.eval_batch_size, tcfg.eval_max_batches, tcfg.slow_eval_max_windows,
+                                   self.autocast, self.ddp.rank, self.ddp.world_size)
+        self.eval_split = "valid" if "valid" in dataset.splits else "test"
+        self.step = 0
+        if tcfg.resume:
+            self._restore(checkpoint.load(run_dir, self.device))
+
+    # -- bookkeeping -------------------------------------------------------------------------------------
+    def position(self, step: int) -> dict:
+        tokens = step * self.tokens_per_step
+        return {"step": step, "tokens": tokens, "accelerator_seconds": tokens / self.tokens_per_second}
+
+    def _state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler else None,
+                "rng": checkpoint.rng_state(), "step": self.step, "states": self.states,
+                "model_config": dataclasses.asdict(self.model_cfg), "total_steps": self.total_steps}
+
+    def _restore(self, ckpt: dict):
+        if ckpt["model_config"] != dataclasses.asdict(self.model_cfg):
+            raise ValueError(f"The checkpoint in {self.run_dir} was trained with another model config; "
+                             "resume with the same flags or choose another --run_name.")
+        self.model.load_state_dict(ckpt["model"])
+        self.opt.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        if self.scaler and ckpt["scaler"]:
+            self.scaler.load_state_dict(ckpt["scaler"])
+        checkpoint.set_rng_state(ckpt["rng"])
+        self.step, self.states = ckpt["step"], ckpt["states"]
+
+    def save(self):
+        if self.ddp.main:
+            checkpoint.save(self.run_dir, self._state_dict())
+
+    # -- training ----------------------------------------------------------------------------------------
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """One optimiser step over the micro-batches; returns the mean loss over the global batch."""
+        self.opt.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=self.device)
+        M = self.tcfg.micro_batches
+        for m in range(M):
+            sync = m == M - 1 or self.ddp.world_size == 1
+            ctx = contextlib.nullcontext() if sync else self.train_model.no_sync()
+            with ctx:
+                xm, ym = x[m].to(self.device, non_blocking=True), y[m].to(self.device, non_blocking=True)
+                with self.autocast():
+                    logits, state = self.train_model(xm, self.states[m])
+                loss = F.cross_entropy(logits.float().flatten(0, 1), ym.flatten())
+                (self.scaler.scale(loss / M) if self.scaler else loss / M).backward()
+            self.states[m] = detach(state)
+            total += loss.detach() / M
+        if self.tcfg.grad_clip:
+            if self.scaler:
+                self.scaler.unscale_(self.opt)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tcfg.grad_clip)
+        if self.scaler:
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            self.opt.step()
+        self.scheduler.step()
+        if self.ddp.world_size > 1:
+            dist.all_reduce(total, op=dist.ReduceOp.AVG)
+        return total.item()
+
+    def evaluate(self, split: str, slow: bool) -> dict:
+        books = self.dataset.books(split)
+        out = {"fast": self.evaluator.fast(self.model, books).as_dict()}
+        if slow:
+            out["slow"] = self.evaluator.slow(self.model, books, stateful=self.stateful).as_dict()
+        return out
+
+    @property
+    def stateful(self) -> bool:
+        return any(s is not None for s in self.states)
+
+    def train(self, log) -> None:
+        tcfg, total = self.tcfg, self.total_steps
+        eval_every = tcfg.eval_every or max(total // 10, 1)
+        ckpt_every = tcfg.checkpoint_every or eval_every
+        last = min(total, tcfg.stop_at_step) if tcfg.stop_at_step else total
+        bar = tqdm(total=total, initial=self.step, desc=f"{self.project}/{self.config_name}", unit="step",
+                   disable=not self.ddp.main, dynamic_ncols=True)
+        prefetch = ThreadPoolExecutor(1)  # batches depend only on the step, so the next one loads meanwhile
+        future = prefetch.submit(self.batches, self.step)
+        t_last, step_last = time.perf_counter(), self.step
+        try:
+            while self.step < last:
+                x, y = future.result()
+                if self.step + 1 < last:
+                    future = prefetch.submit(self.batches, self.step + 1)
+                loss = self.train_step(x, y)
+                if not math.isfinite(loss):
+                    raise NonFiniteLoss(
+                        f"Loss is {loss} at step {self.step + 1}. Training stopped; the last good checkpoint in "
+                        f"{self.run_dir} is kept. Try a lower --lr, --grad_clip 1.0 or --precision bf16/fp32.")
+                self.step += 1
+                bar.update(1)
+                if self.step % tcfg.log_every == 0 or self.step == last:
+                    now = time.perf_counter()
+                    tok_s = (self.step - step_last) * self.tokens_per_step / (now - t_last)
+                    t_last, step_last = now, self.step
+                    row = {"event": "train", **self.position(self.step), "loss": loss,
+                           "lr": self.scheduler.get_last_lr()[0], "tokens_per_second_local": tok_s}
+                    if self.flops_per_forward and getattr(self, "peak_flops", None):
+                        row["mfu"] = 3 * self.flops_per_forward / self.seq_len * tok_s / self.peak_flops
+                    log.write(row)
+                    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}",
+                                    **({"mfu": f"{row['mfu']:.1%}"} if "mfu" in row else {}))
+                if self.step % eval_every == 0 and self.step < total:
+                    result = self.evaluate(self.eval_split, slow=False)["fast"]
+                    log.write({"event": "eval", **self.position(self.step), "split": self.eval_split,
+                               "mode": "fast", **result})
+                    bar.write(f"step {self.step}: {self.eval_split} normalised perplexity "
+                              f"{result['normalised_perplexity']:.4f}")
+                    t_last, step_last = time.perf_counter(), self.step  # throughput counts training time only
+                if self.step % ckpt_every == 0 or self.step == last:
+                    self.save()
+        except KeyboardInterrupt:
+            self.save()  # the state after the last completed step
+            bar.write(f"Interrupted: checkpoint of step {self.step} saved; continue with --resume true.")
+            raise
+        finally:
+            prefetch.shutdown(wait=True)
+            bar.close()
+
+    def final_evaluation(self, log) -> dict:
+        results = {"fast": {}, "slow": {}}
+        memory_stats = {}
+        for split in [s for s in self.dataset.splits if s != "train"]:
+            if hasattr(self.model, "reset_memory_stats"):
+                self.model.reset_memory_stats()
+            r = self.evaluate(split, slow=True)
+            if hasattr(self.model, "memory_stats"):
+                memory_stats[split] = self.model.memory_stats()
+            for mode in ("fast", "slow"):
+                results[mode][split] = r[mode]
+                log.write({"event": "eval", **self.position(self.step), "split": split, "mode": mode, **r[mode]})
+            if self.ddp.main:
+                print(f"  {split:>12}: fast {r['fast']['normalised_perplexity']:.4f}  "
+                      f"slow {r['slow']['normalised_perplexity']:.4f}  (normalised perplexity)")
+        return {"eval": results, **({"memory_stats": memory_stats} if memory_stats else {})}
+
+    def results(self, evals: dict, compute_class: str | None) -> dict:
+        pos = self.position(self.step)
+        fwd = self.flops_per_forward
+        return {
+            "project": self.project, "config": self.config_name,
+            "model_config": dataclasses.asdict(self.model_cfg), "train_config": dataclasses.asdict(self.tcfg),
+            "compute_class": compute_class, "reference_hardware": self.reference_hardware,
+            "tokens_per_second": self.tokens_per_second, "global_batch_size": self.tcfg.batch_size,
+            "seq_len": self.seq_len, "steps": self.step, "tokens_seen": pos["tokens"],
+            "accelerator_seconds": pos["accelerator_seconds"],
+            "accelerator_hours": pos["accelerator_seconds"] / 3600,
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "flops_per_forward": fwd,
+            "total_flops": 3 * fwd * pos["tokens"] / self.seq_len if fwd else None,
+            "dataset": str(self.dataset.dir), "precision": self.precision,
+            "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            **evals, **self.extra_results,
+        }
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
