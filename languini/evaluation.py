@@ -36,7 +36,9 @@ def scored_loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
     """Summed loss, scored tokens and their bytes over the masked positions."""
     loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")
     mask = mask.flatten()
-    return (loss * mask).sum(), mask.sum(), (bytes_per_token[targets.flatten()] * mask).sum()
+    # where, not multiply: a padded position must not turn the sum into nan
+    return (torch.where(mask, loss, 0.0).sum(), mask.sum(),
+            torch.where(mask, bytes_per_token[targets.flatten()], 0).sum())
 
 
 class Evaluator:

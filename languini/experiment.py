@@ -85,6 +85,8 @@ def run(project: str, configs, model_cls, args: argparse.Namespace) -> dict | No
         say(f"No GPU: using the CPU-sized config '{CPU_CONFIG}' with reference hardware 'cpu' (pass --config to choose).")
     config_name = config_name or "small"
     tcfg = TrainConfig(**{**class_defaults, **train_over})
+    if tcfg.compute_class is not None:
+        compute_class.compute_class_seconds(tcfg.compute_class)  # a typo fails before any work is done
     model_cfg = configs.get(config_name, **overrides(args, configs.ModelConfig))
 
     dataset, model_cfg, _ = load_data(tcfg, model_cfg, say)

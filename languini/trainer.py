@@ -213,7 +213,8 @@ class Trainer:
             self.opt.step()
         self.scheduler.step()
         if self.ddp.world_size > 1:
-            dist.all_reduce(total, op=dist.ReduceOp.AVG)
+            dist.all_reduce(total)  # SUM: gloo (CPU) has no AVG
+            total /= self.ddp.world_size
         return total.item()
 
     def evaluate(self, split: str, slow: bool) -> dict:

@@ -1,0 +1,190 @@
+"""Compute classes: a training budget given as time on the reference hardware.
+
+A compute class of h hours allows T = 3600 * h * v tokens, where v is the model
+config's throughput (tokens/s) on the reference hardware (Languini paper, section 3.1).
+The number of optimiser steps is T / (global batch size * sequence length), rounded to
+the nearest integer: the paper's published step counts (18,265 / 36,529 / 36,529 /
+21,908 / 43,817 for GPT 6h..96h) are all nearest-rounded, not floored.
+"""
+
+import math
+import re
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+from pathlib import Path
+
+from languini import throughput
+
+PAPER_COMPUTE_CLASSES = ("6h", "12h", "24h", "48h", "96h")
+DEFAULT_REFERENCE_HARDWARE = "RTX 3090"
+
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smh])")
+_ACCEPTED_FORMS = (
+    "a duration <number><unit> with unit s, m or h (e.g. 90s, 15m, 2h, 1.5h), "
+    f"such as the paper's classes {', '.join(PAPER_COMPUTE_CLASSES)}"
+)
+
+
+def compute_class_seconds(name: str) -> float:
+    """Seconds of reference-hardware time in a compute class such as '6h', '15m', '90s' or '1.5h'."""
+    match = _DURATION.fullmatch(name.strip().lower()) if isinstance(name, str) else None
+    if match is None:
+        raise ValueError(f"compute class {name!r} not understood; write {_ACCEPTED_FORMS}")
+    # Fraction keeps decimal durations exact: 0.1h is 360 s, not 360.00000000000006.
+    seconds = Fraction(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if seconds <= 0:
+        raise ValueError(f"compute class {name!r} is empty; write {_ACCEPTED_FORMS}")
+    return float(seconds)
+
+
+def training_steps(seconds: float, tokens_per_second: float, global_batch_size: int, seq_len: int) -> int:
+    """Optimiser steps that spend `seconds` of reference time: round(seconds * v / (batch * seq_len)).
+
+    Raises ValueError when the budget does not cover a single batch.
+    """
+    if not tokens_per_second > 0:  # also refuses NaN
+        raise ValueError(f"tokens_per_second must be positive, got {tokens_per_second}")
+    if global_batch_size <= 0 or seq_len <= 0:
+        raise ValueError(f"global batch size and seq_len must be positive, got {global_batch_size} and {seq_len}")
+    tokens_per_step = global_batch_size * seq_len
+    exact_steps = Fraction(seconds) * Fraction(tokens_per_second) / tokens_per_step
+    steps = math.floor(exact_steps + Fraction(1, 2))  # round half up, exactly
+    if steps < 1:
+        raise ValueError(
+            f"{seconds:g} s at {tokens_per_second:,.0f} tokens/s is {float(exact_steps):.3f} batches of "
+            f"{global_batch_size} x {seq_len} tokens; choose a longer compute class or a smaller batch"
+        )
+    return steps
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """What a compute class buys for one config; derived quantities are properties."""
+
+    project: str
+    config: str
+    compute_class: str
+    reference_hardware: str
+    tokens_per_second: float
+    throughput_source: str  # "published", "measured" or "--tokens_per_second"
+    global_batch_size: int
+    seq_len: int
+    steps: int
+    flops_per_forward: float | None = None  # forward FLOPs of one sequence at batch 1
+    local_hardware: str | None = None
+    local_tokens_per_second: float | None = None  # registry throughput of one local device
+    local_devices: int = 1
+
+    @property
+    def tokens(self) -> int:
+        return self.steps * self.global_batch_size * self.seq_len
+
+    @property
+    def accelerator_seconds(self) -> float:
+        return self.tokens / self.tokens_per_second
+
+    @property
+    def accelerator_hours(self) -> float:
+        return self.accelerator_seconds / 3600
+
+    @property
+    def total_flops(self) -> float | None:
+        """3 x forward FLOPs per sequence x sequences trained (backward counted as 2 forwards)."""
+        if self.flops_per_forward is None:
+            return None
+        return 3 * self.flops_per_forward * self.steps * self.global_batch_size
+
+    @property
+    def expected_wall_seconds(self) -> float | None:
+        """Wall time on the local devices at their registry throughput, assuming linear data-parallel scaling."""
+        if self.local_tokens_per_second is None:
+            return None
+        return self.tokens / (self.local_tokens_per_second * self.local_devices)
+
+    def as_dict(self) -> dict:
+        derived = ("tokens", "accelerator_seconds", "accelerator_hours", "total_flops", "expected_wall_seconds")
+        return {**asdict(self), **{name: getattr(self, name) for name in derived}}
+
+
+def plan_training(
+    project: str,
+    config: str,
+    compute_class: str,
+    global_batch_size: int,
+    seq_len: int,
+    registry: Path | str | None = None,
+    reference_hardware: str = DEFAULT_REFERENCE_HARDWARE,
+    tokens_per_second: float | None = None,
+    flops_per_forward: float | None = None,
+    local_hardware: str | None = None,
+    local_devices: int = 1,
+) -> TrainingPlan:
+    """Plan a run: throughput from `tokens_per_second` if given, else from the registry.
+
+    `registry` defaults to projects/<project>/throughput.csv. Raises
+    throughput.ThroughputNotFoundError (naming the measuring command) when no row matches.
+    """
+    registry = throughput.registry_path(project) if registry is None else Path(registry)
+    if tokens_per_second is None:
+        row = throughput.lookup(registry, project, config, reference_hardware, seq_len)
+        tokens_per_second, source = row.tokens_per_second, row.source
+    else:
+        source = "--tokens_per_second"
+    seconds = compute_class_seconds(compute_class)
+    local_tokens_per_second = None
+    if local_hardware is not None:
+        try:
+            local_tokens_per_second = throughput.lookup(registry, project, config, local_hardware, seq_len).tokens_per_second
+        except throughput.ThroughputNotFoundError:
+            pass  # the wall-time estimate is optional; format_plan says how to get it
+    return TrainingPlan(
+        project=project,
+        config=config,
+        compute_class=compute_class,
+        reference_hardware=reference_hardware,
+        tokens_per_second=float(tokens_per_second),
+        throughput_source=source,
+        global_batch_size=global_batch_size,
+        seq_len=seq_len,
+        steps=training_steps(seconds, tokens_per_second, global_batch_size, seq_len),
+        flops_per_forward=flops_per_forward,
+        local_hardware=local_hardware,
+        local_tokens_per_second=local_tokens_per_second,
+        local_devices=local_devices,
+    )
+
+
+def format_plan(plan: TrainingPlan) -> str:
+    """Aligned plain-text summary for `train.py --dry_run`."""
+    rows = [
+        ("project / config", f"{plan.project} / {plan.config}"),
+        ("compute class", plan.compute_class),
+        ("reference hardware", plan.reference_hardware),
+        ("throughput", f"{plan.tokens_per_second:,.0f} tokens/s ({plan.throughput_source})"),
+        ("global batch size", f"{plan.global_batch_size:,}"),
+        ("sequence length", f"{plan.seq_len:,}"),
+        ("steps", f"{plan.steps:,}"),
+        ("tokens", f"{plan.tokens:,} ({plan.tokens / 1e9:.3f}B)"),
+        ("accelerator hours", f"{plan.accelerator_hours:.3f} ({plan.accelerator_seconds:,.0f} s on {plan.reference_hardware})"),
+    ]
+    if plan.total_flops is None:
+        rows.append(("estimated FLOPs", "unknown (no forward FLOPs given)"))
+    else:
+        rows.append(("forward FLOPs (batch 1)", f"{plan.flops_per_forward / 1e9:.1f} GFLOPs"))
+        rows.append(("estimated FLOPs", f"{plan.total_flops:.4g} ({plan.total_flops / 1e18:.3f} exaFLOPs = 3 x forward x sequences)"))
+    if plan.local_hardware is not None:
+        if plan.expected_wall_seconds is None:
+            local = (
+                f"{plan.local_hardware}: no registry row; measure with "
+                f"python scripts/measure_throughput.py {plan.project} {plan.config} --sweep"
+            )
+        else:
+            devices = f" x {plan.local_devices}" if plan.local_devices > 1 else ""
+            local = (
+                f"{plan.local_hardware}{devices} at {plan.local_tokens_per_second:,.0f} tokens/s each: "
+                f"{plan.expected_wall_seconds / 3600:.2f} h"
+            )
+        rows.append(("expected wall time", local))
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)

@@ -1,0 +1,259 @@
+"""Weighted embedding bag: out[r] = sum_j weights[r, j] * values[indices[r, j]].
+
+Three parts side by side:
+- `embedding_bag_reference`: plain PyTorch, obviously right; also the CPU path.
+- Triton kernels (forward, per-sample-weight gradient, and two value-gradient variants),
+  each launched from a `torch.library.custom_op` so that torch.compile treats it as opaque.
+- `EmbeddingBagFunction`, the autograd.Function tying them together; `embedding_bag` dispatches.
+
+Shapes: values [N, v_dim] (fp32 or bf16), indices [R, k] (int64, each in [0, N)),
+weights [R, k]. The output [R, v_dim] is accumulated in fp32 and returned in the
+promoted dtype of values and weights (as `weights * values` would be).
+
+Value-gradient variants (`value_grad`):
+- "atomic": one program per bag row scatters weight * grad_out into the table with atomic adds.
+- "sorted": reverse-index aggregation; the flat indices are sorted, and one program per
+  distinct table row sums its entries' contributions and writes the row once, without atomics.
+"atomic" is the default for now; which one is faster has not been measured on a GPU yet.
+Both accumulate in an fp32 buffer and cast to the values' dtype at the end.
+"""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+VALUE_GRAD_VARIANTS = ("atomic", "sorted")
+
+# Untuned block sizes (triton.autotune does not run in the interpreter); tune on a GPU.
+_MAX_BLOCK_BAG = 32
+_MAX_BLOCK_DIM = 128
+_BLOCK_ENTRIES = 32
+
+
+def embedding_bag_reference(values, indices, weights):
+    """Plain PyTorch weighted embedding bag; accumulates in fp32."""
+    out_dtype = torch.promote_types(values.dtype, weights.dtype)
+    # Cast the table before gathering so that the backward scatter-add also accumulates in fp32.
+    gathered = values.float()[indices]  # [R, k, v_dim]
+    return (weights.float().unsqueeze(-1) * gathered).sum(dim=1).to(out_dtype)
+
+
+# ---------------------------------------------------------------- Triton kernels
+
+
+@triton.jit
+def _forward_kernel(out_ptr, values_ptr, indices_ptr, weights_ptr, v_dim, bag_size,
+                    BLOCK_BAG: tl.constexpr, BLOCK_DIM: tl.constexpr):
+    # One program per (bag row, block of value columns).
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_DIM + tl.arange(0, BLOCK_DIM)
+    col_mask = cols < v_dim
+    acc = tl.zeros([BLOCK_DIM], dtype=tl.float32)
+    for start in range(0, bag_size, BLOCK_BAG):
+        slots = start + tl.arange(0, BLOCK_BAG)
+        slot_mask = slots < bag_size
+        idx = tl.load(indices_ptr + row * bag_size + slots, mask=slot_mask, other=0)
+        w = tl.load(weights_ptr + row * bag_size + slots, mask=slot_mask, other=0.0).to(tl.float32)
+        vals = tl.load(values_ptr + idx[:, None] * v_dim + cols[None, :],
+                       mask=slot_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
+        acc += tl.sum(w[:, None] * vals, axis=0)
+    tl.store(out_ptr + row * v_dim + cols, acc, mask=col_mask)
+
+
+@triton.jit
+def _weight_grad_kernel(grad_weights_ptr, grad_out_ptr, values_ptr, indices_ptr, v_dim, bag_size,
+                        BLOCK_BAG: tl.constexpr, BLOCK_DIM: tl.constexpr):
+    # grad_weights[r, j] = <grad_out[r], values[indices[r, j]]>; one program per (row, block of slots).
+    row = tl.program_id(0).to(tl.int64)
+    slots = tl.program_id(1) * BLOCK_BAG + tl.arange(0, BLOCK_BAG)
+    slot_mask = slots < bag_size
+    idx = tl.load(indices_ptr + row * bag_size + slots, mask=slot_mask, other=0)
+    acc = tl.zeros([BLOCK_BAG], dtype=tl.float32)
+    for start in range(0, v_dim, BLOCK_DIM):
+        cols = start + tl.arange(0, BLOCK_DIM)
+        col_mask = cols < v_dim
+        grad = tl.load(grad_out_ptr + row * v_dim + cols, mask=col_mask, other=0.0).to(tl.float32)
+        vals = tl.load(values_ptr + idx[:, None] * v_dim + cols[None, :],
+                       mask=slot_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
+        acc += tl.sum(vals * grad[None, :], axis=1)
+    tl.store(grad_weights_ptr + row * bag_size + slots, acc, mask=slot_mask)
+
+
+@triton.jit
+def _value_grad_atomic_kernel(grad_values_ptr, grad_out_ptr, indices_ptr, weights_ptr, v_dim, bag_size,
+                              BLOCK_BAG: tl.constexpr, BLOCK_DIM: tl.constexpr):
+    # Scatter weight * grad_out[r] into the fp32 table gradient; one program per (row, column block).
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_DIM + tl.arange(0, BLOCK_DIM)
+    col_mask = cols < v_dim
+    grad = tl.load(grad_out_ptr + row * v_dim + cols, mask=col_mask, other=0.0).to(tl.float32)
+    for start in range(0, bag_size, BLOCK_BAG):
+        slots = start + tl.arange(0, BLOCK_BAG)
+        slot_mask = slots < bag_size
+        idx = tl.load(indices_ptr + row * bag_size + slots, mask=slot_mask, other=0)
+        w = tl.load(weights_ptr + row * bag_size + slots, mask=slot_mask, other=0.0).to(tl.float32)
+        tl.atomic_add(grad_values_ptr + idx[:, None] * v_dim + cols[None, :], w[:, None] * grad[None, :],
+                      mask=slot_mask[:, None] & col_mask[None, :], sem="relaxed")
+
+
+@triton.jit
+def _value_grad_sorted_kernel(grad_values_ptr, grad_out_ptr, weights_ptr, entry_order_ptr, segment_rows_ptr,
+                              segment_starts_ptr, segment_ends_ptr, v_dim, bag_size,
+                              BLOCK_ENTRIES: tl.constexpr, BLOCK_DIM: tl.constexpr):
+    # One program per (distinct table row, column block): sum its entries, write the row once.
+    segment = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_DIM + tl.arange(0, BLOCK_DIM)
+    col_mask = cols < v_dim
+    seg_start = tl.load(segment_starts_ptr + segment)
+    seg_end = tl.load(segment_ends_ptr + segment)
+    acc = tl.zeros([BLOCK_DIM], dtype=tl.float32)
+    for start in range(seg_start, seg_end, BLOCK_ENTRIES):
+        positions = start + tl.arange(0, BLOCK_ENTRIES)
+        entry_mask = positions < seg_end
+        entry = tl.load(entry_order_ptr + positions, mask=entry_mask, other=0)  # flat r * bag_size + j
+        w = tl.load(weights_ptr + entry, mask=entry_mask, other=0.0).to(tl.float32)
+        bag_row = entry // bag_size
+        grad = tl.load(grad_out_ptr + bag_row[:, None] * v_dim + cols[None, :],
+                       mask=entry_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
+        acc += tl.sum(w[:, None] * grad, axis=0)
+    table_row = tl.load(segment_rows_ptr + segment)
+    tl.store(grad_values_ptr + table_row * v_dim + cols, acc, mask=col_mask)
+
+
+def _block_sizes(bag_size, v_dim):
+    return (min(_MAX_BLOCK_BAG, triton.next_power_of_2(bag_size)),
+            min(_MAX_BLOCK_DIM, triton.next_power_of_2(v_dim)))
+
+
+# ---------------------------------------------------------------- custom ops (opaque to torch.compile)
+
+
+@torch.library.custom_op("pkm_gpt::embedding_bag_forward", mutates_args=())
+def _forward_op(values: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    num_bags, bag_size = indices.shape
+    v_dim = values.shape[1]
+    out = torch.empty(num_bags, v_dim, dtype=torch.promote_types(values.dtype, weights.dtype),
+                      device=values.device)
+    if out.numel() == 0:
+        return out
+    if bag_size == 0:
+        return out.zero_()
+    block_bag, block_dim = _block_sizes(bag_size, v_dim)
+    _forward_kernel[(num_bags, triton.cdiv(v_dim, block_dim))](
+        out, values, indices, weights, v_dim, bag_size, BLOCK_BAG=block_bag, BLOCK_DIM=block_dim)
+    return out
+
+
+@_forward_op.register_fake
+def _(values, indices, weights):
+    return values.new_empty(indices.shape[0], values.shape[1],
+                            dtype=torch.promote_types(values.dtype, weights.dtype))
+
+
+@torch.library.custom_op("pkm_gpt::embedding_bag_weight_grad", mutates_args=())
+def _weight_grad_op(grad_out: torch.Tensor, values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    num_bags, bag_size = indices.shape
+    v_dim = values.shape[1]
+    grad_weights = torch.zeros(num_bags, bag_size, dtype=torch.float32, device=values.device)
+    if grad_weights.numel() == 0 or v_dim == 0:
+        return grad_weights
+    block_bag, block_dim = _block_sizes(bag_size, v_dim)
+    _weight_grad_kernel[(num_bags, triton.cdiv(bag_size, block_bag))](
+        grad_weights, grad_out, values, indices, v_dim, bag_size, BLOCK_BAG=block_bag, BLOCK_DIM=block_dim)
+    return grad_weights
+
+
+@_weight_grad_op.register_fake
+def _(grad_out, values, indices):
+    return values.new_empty(indices.shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("pkm_gpt::embedding_bag_value_grad", mutates_args=())
+def _value_grad_op(grad_out: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, num_rows: int,
+                   value_grad: str) -> torch.Tensor:
+    num_bags, bag_size = indices.shape
+    v_dim = grad_out.shape[1]
+    grad_values = torch.zeros(num_rows, v_dim, dtype=torch.float32, device=grad_out.device)
+    if indices.numel() == 0 or v_dim == 0:
+        return grad_values
+    block_bag, block_dim = _block_sizes(bag_size, v_dim)
+    if value_grad == "atomic":
+        _value_grad_atomic_kernel[(num_bags, triton.cdiv(v_dim, block_dim))](
+            grad_values, grad_out, indices, weights, v_dim, bag_size, BLOCK_BAG=block_bag, BLOCK_DIM=block_dim)
+        return grad_values
+    # Reverse index: entries grouped by table row; each group is one segment of the sorted order.
+    sorted_rows, entry_order = torch.sort(indices.reshape(-1))
+    segment_rows, segment_lengths = torch.unique_consecutive(sorted_rows, return_counts=True)
+    segment_ends = segment_lengths.cumsum(0)
+    segment_starts = segment_ends - segment_lengths
+    _value_grad_sorted_kernel[(segment_rows.numel(), triton.cdiv(v_dim, block_dim))](
+        grad_values, grad_out, weights, entry_order, segment_rows, segment_starts, segment_ends, v_dim, bag_size,
+        BLOCK_ENTRIES=_BLOCK_ENTRIES, BLOCK_DIM=block_dim)
+    return grad_values
+
+
+@_value_grad_op.register_fake
+def _(grad_out, indices, weights, num_rows, value_grad):
+    return grad_out.new_empty(num_rows, grad_out.shape[1], dtype=torch.float32)
+
+
+# ---------------------------------------------------------------- autograd and dispatch
+
+
+class EmbeddingBagFunction(torch.autograd.Function):
+    """Triton weighted embedding bag with gradients for the values and the per-sample weights."""
+
+    @staticmethod
+    def forward(ctx, values, indices, weights, value_grad):
+        ctx.save_for_backward(values, indices, weights)
+        ctx.value_grad = value_grad
+        return torch.ops.pkm_gpt.embedding_bag_forward(values, indices, weights)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        values, indices, weights = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        grad_values = grad_weights = None
+        if ctx.needs_input_grad[0]:
+            grad_values = torch.ops.pkm_gpt.embedding_bag_value_grad(
+                grad_out, indices, weights, values.shape[0], ctx.value_grad).to(values.dtype)
+        if ctx.needs_input_grad[2]:
+            grad_weights = torch.ops.pkm_gpt.embedding_bag_weight_grad(grad_out, values, indices).to(weights.dtype)
+        return grad_values, None, grad_weights, None
+
+
+def embedding_bag_triton(values, indices, weights, value_grad="atomic"):
+    """Triton weighted embedding bag (see the module docstring for shapes and `value_grad`)."""
+    _check_inputs(values, indices, weights)
+    if value_grad not in VALUE_GRAD_VARIANTS:
+        raise ValueError(f"value_grad must be one of {VALUE_GRAD_VARIANTS}, got {value_grad!r}")
+    if not values.is_cuda and os.environ.get("TRITON_INTERPRET", "0").lower() not in ("1", "true", "on"):
+        raise ValueError("the Triton embedding bag needs CUDA tensors (or TRITON_INTERPRET=1 set before "
+                         "importing triton); use embedding_bag_reference on CPU")
+    return EmbeddingBagFunction.apply(values.contiguous(), indices.contiguous(), weights.contiguous(), value_grad)
+
+
+def embedding_bag(values, indices, weights, use_triton=None, value_grad="atomic"):
+    """Weighted embedding bag; Triton when `use_triton` (default: when values are on a GPU)."""
+    if use_triton is None:
+        use_triton = values.is_cuda
+    if use_triton:
+        return embedding_bag_triton(values, indices, weights, value_grad)
+    _check_inputs(values, indices, weights)
+    return embedding_bag_reference(values, indices, weights)
+
+
+def _check_inputs(values, indices, weights):
+    if values.dim() != 2 or not values.is_floating_point():
+        raise ValueError(f"values must be a floating [N, v_dim] table, got {values.dtype} {tuple(values.shape)}")
+    if indices.dim() != 2 or indices.dtype != torch.int64:
+        raise ValueError(f"indices must be int64 [R, k], got {indices.dtype} {tuple(indices.shape)}; "
+                         "convert with indices.long()")
+    if weights.shape != indices.shape or not weights.is_floating_point():
+        raise ValueError(f"weights must be floating with the shape of indices {tuple(indices.shape)}, "
+                         f"got {weights.dtype} {tuple(weights.shape)}")
+    if not (values.device == indices.device == weights.device):
+        raise ValueError(f"values, indices and weights must be on one device, got "
+                         f"{values.device}, {indices.device}, {weights.device}")

@@ -1,0 +1,175 @@
+"""Product-key memory layer (Lample et al. 2019, "Large Memory Layers with Product Keys").
+
+Per token and head, a query of k_dim is split into two halves; each half is scored against its
+own n_keys sub-keys, and the knn best of each half give knn x knn candidate keys whose score is
+the sum of the two half scores. The knn best candidates (exactly the best knn of all
+N = n_keys^2 product keys) are softmax-weighted, and the output is the weighted sum of their rows
+in one value table of N x v_dim shared by the heads, summed over heads.
+"""
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from projects.pkm_gpt.embedding_bag import VALUE_GRAD_VARIANTS, embedding_bag
+
+QUERY_NORMS = ("layernorm", "batchnorm", "none")
+
+
+@dataclass(frozen=True)
+class PKMConfig:
+    heads: int = 8
+    k_dim: int = 64
+    n_keys: int = 256  # number of values N = n_keys ** 2
+    knn: int = 32
+    v_dim: int | None = None  # None: the model width
+    # "batchnorm" (XLM's best for masked LM) lets later tokens of a training batch change earlier
+    # outputs; "layernorm" normalises each token's query on its own and is causal.
+    query_norm: str = "layernorm"
+    value_grad: str = "atomic"
+
+
+# The LRAM paper's PKM (section 4.1): 8 heads, N = 2^16, value dimension = width, key dimension 64
+# (it used batch norm for masked LM; this causal default uses layer norm).
+LRAM_PAPER_PKM = PKMConfig(heads=8, k_dim=64, n_keys=256, knn=32)
+# XLM's defaults: 4 heads, k_dim 256, knn 32, N = 512^2.
+XLM_PKM = PKMConfig(heads=4, k_dim=256, n_keys=512, knn=32)
+
+
+def product_key_topk(queries, sub_keys, knn):
+    """Best `knn` product keys per query and head.
+
+    queries [R, heads, k_dim], sub_keys [heads, 2, n_keys, k_dim // 2] ->
+    scores [R, heads, knn] (descending) and indices [R, heads, knn] with index = i1 * n_keys + i2.
+    """
+    n_keys = sub_keys.shape[2]
+    # Score in at least fp32, also under autocast, so near-ties are ranked by the exact scores.
+    dtype = torch.promote_types(queries.dtype, torch.float32)
+    device_type = queries.device.type
+    # The meta device (used to count FLOPs of big models) has no autocast to switch off.
+    no_autocast = (torch.autocast(device_type=device_type, enabled=False)
+                   if torch.amp.is_autocast_available(device_type) else contextlib.nullcontext())
+    with no_autocast:
+        halves = queries.to(dtype).unflatten(-1, (2, -1))  # [R, heads, 2, k_dim/2]
+        half_scores = torch.einsum("rhsd,hsnd->rhsn", halves, sub_keys.to(dtype))  # [R, heads, 2, n_keys]
+    best_half_scores, best_half_indices = half_scores.topk(knn, dim=-1)  # [R, heads, 2, knn]
+    scores1, scores2 = best_half_scores.unbind(dim=2)
+    indices1, indices2 = best_half_indices.unbind(dim=2)
+    candidate_scores = (scores1.unsqueeze(-1) + scores2.unsqueeze(-2)).flatten(-2)  # [R, heads, knn*knn]
+    candidate_indices = (indices1.unsqueeze(-1) * n_keys + indices2.unsqueeze(-2)).flatten(-2)
+    scores, best = candidate_scores.topk(knn, dim=-1)
+    return scores, candidate_indices.gather(-1, best)
+
+
+class ProductKeyMemory(nn.Module):
+    """[B, T, d_model] -> [B, T, v_dim]. The value table is `values` (see `value_parameters`)."""
+
+    def __init__(self, d_model, heads=8, k_dim=64, n_keys=256, knn=32, v_dim=None, query_norm="layernorm",
+                 value_grad="atomic", use_triton=None):
+        super().__init__()
+        if k_dim % 2:
+            raise ValueError(f"k_dim must be even (it is split into two halves), got {k_dim}")
+        if not 1 <= knn <= n_keys:
+            raise ValueError(f"knn must be in [1, n_keys={n_keys}], got {knn}")
+        if query_norm not in QUERY_NORMS:
+            raise ValueError(f"query_norm must be one of {QUERY_NORMS}, got {query_norm!r}")
+        if value_grad not in VALUE_GRAD_VARIANTS:
+            raise ValueError(f"value_grad must be one of {VALUE_GRAD_VARIANTS}, got {value_grad!r}")
+        self.heads, self.k_dim, self.n_keys, self.knn = heads, k_dim, n_keys, knn
+        self.v_dim = d_model if v_dim is None else v_dim
+        self.num_values = n_keys ** 2
+        self.value_grad, self.use_triton = value_grad, use_triton
+
+        self.query_proj = nn.Linear(d_model, heads * k_dim)
+        # Layer norm over all heads * k_dim features: the per-token counterpart of XLM's batch norm.
+        if query_norm == "layernorm":
+            self.query_norm = nn.LayerNorm(heads * k_dim)
+        elif query_norm == "batchnorm":
+            self.query_norm = nn.BatchNorm1d(heads * k_dim)
+        else:
+            self.query_norm = nn.Identity()
+        self.sub_keys = nn.Parameter(torch.empty(heads, 2, n_keys, k_dim // 2))
+        self.values = nn.Parameter(torch.empty(self.num_values, self.v_dim))
+        # Set to a MemoryUsage to accumulate access statistics in forward (evaluation).
+        self.usage = None
+        self.reset_memory_parameters()
+
+    @classmethod
+    def from_config(cls, d_model, config: PKMConfig, use_triton=None):
+        return cls(d_model, heads=config.heads, k_dim=config.k_dim, n_keys=config.n_keys, knn=config.knn,
+                   v_dim=config.v_dim, query_norm=config.query_norm, value_grad=config.value_grad,
+                   use_triton=use_triton)
+
+    def reset_memory_parameters(self):
+        """Sub-keys and values; a model whose init loop rewrites all parameters should call this after it."""
+        # XLM's initialisation: uniform sub-keys with bound 1/sqrt(dim), normal values with std 1/sqrt(v_dim).
+        bound = 1 / math.sqrt(self.k_dim // 2)
+        nn.init.uniform_(self.sub_keys, -bound, bound)
+        nn.init.normal_(self.values, mean=0.0, std=self.v_dim ** -0.5)
+
+    def value_parameters(self):
+        """The value table, for its own optimiser group (the LRAM paper uses 10x the learning rate)."""
+        return [self.values]
+
+    def lookup(self, x):
+        """x [B, T, d_model] -> indices [B*T, heads*knn] into `values` and softmax weights of the same shape."""
+        queries = self.query_proj(x).flatten(0, -2)  # [B*T, heads*k_dim]
+        queries = self.query_norm(queries).unflatten(-1, (self.heads, self.k_dim))
+        scores, indices = product_key_topk(queries, self.sub_keys, self.knn)
+        weights = torch.softmax(scores.float(), dim=-1)
+        return indices.flatten(1), weights.flatten(1)
+
+    def forward(self, x):
+        indices, weights = self.lookup(x)
+        if self.usage is not None:
+            self.usage.update(indices.detach(), weights.detach())
+        out = embedding_bag(self.values, indices, weights, use_triton=self.use_triton, value_grad=self.value_grad)
+        return out.to(x.dtype).unflatten(0, x.shape[:-1])
+
+
+class MemoryUsage:
+    """Access statistics of a value table over an evaluation (LRAM paper Table 5, after XLM).
+
+    `result()` gives the share of rows accessed at least once and the KL divergence (in nats)
+    of the softmax-weighted access distribution from the uniform distribution over all rows.
+    """
+
+    def __init__(self, num_rows):
+        self.num_rows = num_rows
+        self.accessed = None  # [N] bool: row among some token's knn
+        self.weighted_counts = None  # [N] sum of the softmax weights the row received
+
+    def update(self, indices, weights):
+        if self.accessed is None:
+            self.accessed = torch.zeros(self.num_rows, dtype=torch.bool, device=indices.device)
+            self.weighted_counts = torch.zeros(self.num_rows, dtype=torch.float64, device=indices.device)
+        self.accessed[indices.flatten()] = True
+        self.weighted_counts.index_add_(0, indices.flatten(), weights.flatten().to(torch.float64))
+
+    def result(self):
+        if self.accessed is None:
+            raise ValueError("MemoryUsage.result() called before any update()")
+        p = self.weighted_counts / self.weighted_counts.sum()
+        # KL(p || uniform) = sum_i p_i log(p_i N), with 0 log 0 = 0.
+        kl = torch.where(p > 0, p * torch.log(p * self.num_rows), torch.zeros_like(p)).sum()
+        return {"memory_used": self.accessed.double().mean().item(), "memory_kl_uniform": kl.item()}
+
+
+def pkm_flops(tokens, d_model, heads=8, k_dim=64, n_keys=256, knn=32, v_dim=None):
+    """Analytic forward FLOPs of the layer (a multiply-add counts 2), by part and in total.
+
+    Not counted: biases, query normalisation, top-k comparisons and softmax (O(heads * knn) per token).
+    """
+    v_dim = d_model if v_dim is None else v_dim
+    # per token: 2*d_model*heads*k_dim (query) + 2*heads*n_keys*k_dim (half scores) + heads*knn^2 (sums) + 2*heads*knn*v_dim (bag)
+    parts = {
+        "query": tokens * 2 * d_model * heads * k_dim,
+        "key_scores": tokens * 2 * heads * n_keys * k_dim,
+        "candidate_sums": tokens * heads * knn * knn,
+        "embedding_bag": tokens * 2 * heads * knn * v_dim,
+    }
+    parts["total"] = sum(parts.values())
+    return parts

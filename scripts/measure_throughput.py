@@ -1,0 +1,297 @@
+"""Measure a model config's training throughput and append it to the project's registry.
+
+    python scripts/measure_throughput.py gpt small --sweep          # best over batch sizes
+    python scripts/measure_throughput.py gpt small --batch_size 32  # one batch size
+
+Times full training steps of an untrained model on random tokens (forward, backward,
+Adam step, mixed precision), reports the median tokens/s after warm-up and the peak
+memory, prints forward FLOPs at batch 1 and MFU, and appends a `measured` row to
+projects/<project>/throughput.csv (or --registry). One accelerator only, as in the
+Languini paper; on CPU it works for tiny configs and labels the row `cpu`.
+"""
+
+import argparse
+import dataclasses
+import datetime
+import gc
+import importlib
+import statistics
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from languini import flops, throughput
+
+MIN_TIMED_STEPS = 10
+LEARNING_RATE = 6e-4  # the paper's GPT learning rate; the step time does not depend on it
+
+
+@dataclass(frozen=True)
+class Measurement:
+    batch_size: int
+    tokens_per_second: float | None  # None: out of memory
+    step_seconds: float | None
+    peak_memory_gib: float | None  # None on CPU or out of memory
+
+
+def load_project(project: str, config: str, seq_len: int | None = None):
+    """The project's Model class and the named config (with seq_len replaced if given)."""
+    modules = []
+    for name in ("configs", "model"):
+        module_name = f"projects.{project}.{name}"
+        try:
+            modules.append(importlib.import_module(module_name))
+        except ModuleNotFoundError as error:
+            if error.name not in (module_name, f"projects.{project}"):
+                raise
+            raise SystemExit(f"no module {module_name}: is {project!r} a project under projects/?") from error
+    configs, model_module = modules
+    if config not in configs.SIZES:
+        raise SystemExit(f"{project} has no config {config!r}; choose one of {sorted(configs.SIZES)}")
+    model_config = configs.SIZES[config]
+    if seq_len is not None:
+        model_config = dataclasses.replace(model_config, seq_len=seq_len)
+    return model_module.Model, model_config
+
+
+def choose_precision(device: torch.device, requested: str) -> str:
+    """bf16 autocast on GPUs that have it, fp16 (with loss scaling) on older ones, fp32 on CPU."""
+    if requested == "auto":
+        if device.type != "cuda":
+            return "fp32"
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    if requested == "fp16" and device.type != "cuda":
+        raise SystemExit("fp16 autocast with loss scaling needs a GPU; use --precision bf16 or fp32 on CPU")
+    if requested == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise SystemExit(f"{throughput.local_device_name(device)} has no bf16; use --precision fp16")
+    return requested
+
+
+def detach_state(state):
+    """Cut the graph between steps, as training does with a recurrent state."""
+    if isinstance(state, torch.Tensor):
+        return state.detach()
+    if isinstance(state, (list, tuple)):
+        return type(state)(detach_state(s) for s in state)
+    if isinstance(state, dict):
+        return {key: detach_state(value) for key, value in state.items()}
+    return state
+
+
+def measure_batch_size(
+    model: torch.nn.Module,
+    model_config,
+    batch_size: int,
+    device: torch.device,
+    precision: str,
+    steps: int,
+    warmup: int,
+    compile_model: bool,
+) -> Measurement:
+    """Median time of `steps` training steps after `warmup` untimed ones; tokens/s None on OOM."""
+    groups = model.optimizer_groups(LEARNING_RATE) if hasattr(model, "optimizer_groups") else model.parameters()
+    optimizer = torch.optim.Adam(groups, lr=LEARNING_RATE)
+    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    autocast = torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
+    if compile_model:
+        torch._dynamo.reset()  # a fresh graph per batch size; the recompile limit would otherwise fall back to eager
+    forward = torch.compile(model) if compile_model else model
+    is_cuda = device.type == "cuda"
+    if is_cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def train_step(state):
+        with autocast:
+            logits, state = forward(inputs, state)
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        return detach_state(state)
+
+    durations = []
+    try:
+        tokens = torch.randint(model_config.vocab_size, (batch_size, model_config.seq_len + 1), device=device)
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        state = None
+        for _ in range(warmup):
+            state = train_step(state)
+        if is_cuda:
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
+            for start, end in events:
+                start.record()
+                state = train_step(state)
+                end.record()
+            torch.cuda.synchronize(device)
+            durations = [start.elapsed_time(end) / 1000 for start, end in events]
+        else:
+            for _ in range(steps):
+                started = time.perf_counter()
+                state = train_step(state)
+                durations.append(time.perf_counter() - started)
+    except RuntimeError as error:  # cuBLAS and compiled graphs report OOM as plain RuntimeErrors
+        if not isinstance(error, torch.cuda.OutOfMemoryError) and "out of memory" not in str(error).lower():
+            raise
+        durations = []
+    # Free this batch size's activations, gradients and Adam state before the next one.
+    model.zero_grad(set_to_none=True)
+    del optimizer, scaler, forward
+    state = inputs = targets = tokens = None
+    gc.collect()
+    if not durations:
+        torch.cuda.empty_cache()
+        return Measurement(batch_size, None, None, None)
+    peak_memory_gib = torch.cuda.max_memory_allocated(device) / 2**30 if is_cuda else None
+    if is_cuda:
+        torch.cuda.empty_cache()
+    step_seconds = statistics.median(durations)
+    return Measurement(batch_size, batch_size * model_config.seq_len / step_seconds, step_seconds, peak_memory_gib)
+
+
+def sweep_batch_sizes(measure, max_batch_size: int, stop_when_slower: bool) -> list[Measurement]:
+    """Double the batch size until out of memory, then bisect towards the largest batch that fits.
+
+    On CPU nothing runs out of memory before the machine swaps, so `stop_when_slower`
+    also ends the doubling once a larger batch is slower.
+    """
+    results = {}
+    batch_size, largest_fit, smallest_oom = 1, None, None
+    while batch_size <= max_batch_size:
+        result = results[batch_size] = measure(batch_size)
+        if result.tokens_per_second is None:
+            smallest_oom = batch_size
+            break
+        if stop_when_slower and largest_fit and result.tokens_per_second < results[largest_fit].tokens_per_second:
+            break
+        largest_fit = batch_size
+        batch_size *= 2
+    if largest_fit is None:
+        raise SystemExit("out of memory at batch size 1: this config does not fit on this device")
+    while smallest_oom is not None and smallest_oom - largest_fit > 1:
+        middle = (largest_fit + smallest_oom) // 2
+        result = results[middle] = measure(middle)
+        if result.tokens_per_second is None:
+            smallest_oom = middle
+        else:
+            largest_fit = middle
+    return [results[b] for b in sorted(results)]
+
+
+def format_measurement(m: Measurement) -> str:
+    if m.tokens_per_second is None:
+        return f"{m.batch_size:>10}  {'out of memory':>12}"
+    memory = "n/a" if m.peak_memory_gib is None else f"{m.peak_memory_gib:.2f}"
+    return f"{m.batch_size:>10}  {m.tokens_per_second:>12,.0f}  {m.step_seconds * 1000:>9.1f}  {memory:>9}"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("project", help="package name under projects/, e.g. gpt")
+    parser.add_argument("config", help="a name in the project's configs.SIZES, e.g. small")
+    batch = parser.add_mutually_exclusive_group(required=True)
+    batch.add_argument("--batch_size", type=int, help="measure this batch size only")
+    batch.add_argument("--sweep", action="store_true", help="grow the batch until out of memory and keep the best")
+    parser.add_argument("--registry", help="registry CSV to append to (default: projects/<project>/throughput.csv)")
+    parser.add_argument("--steps", type=int, default=20, help=f"timed steps, at least {MIN_TIMED_STEPS} (default 20)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps before timing (default 5)")
+    parser.add_argument("--seq_len", type=int, help="override the config's sequence length")
+    parser.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
+                        help="auto: bf16 autocast where supported, fp16 + loss scaling on older GPUs, fp32 on CPU")
+    parser.add_argument("--compile", action="store_true", help="time the torch.compile'd model")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--max_batch_size", type=int, default=4096, help="largest batch size the sweep tries")
+    parser.add_argument("--no_save", action="store_true", help="print only; do not append to the registry")
+    args = parser.parse_args(argv)
+    if args.steps < MIN_TIMED_STEPS:
+        parser.error(f"--steps must be at least {MIN_TIMED_STEPS} so the median is stable")
+    if args.warmup < 1:
+        parser.error("--warmup must be at least 1 (the first step allocates and autotunes)")
+    if args.batch_size is not None and args.batch_size < 1:
+        parser.error("--batch_size must be positive")
+    return args
+
+
+def refuse_multiple_gpus(device: torch.device) -> None:
+    count = torch.cuda.device_count() if device.type == "cuda" else 0
+    if count > 1:
+        raise SystemExit(
+            f"{count} GPUs are visible. Throughput is measured on a single accelerator, as in the Languini "
+            "paper: a compute class is time on one reference device, and this script only ever uses one. "
+            "Choose one GPU, e.g. CUDA_VISIBLE_DEVICES=0 python scripts/measure_throughput.py ..."
+        )
+
+
+def main(argv=None) -> throughput.ThroughputRow:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    refuse_multiple_gpus(device)
+    precision = choose_precision(device, args.precision)
+    model_class, model_config = load_project(args.project, args.config, args.seq_len)
+    torch.manual_seed(0)
+    model = model_class(model_config).to(device).train()
+    hardware = throughput.local_device_name(device)
+    seq_len = model_config.seq_len
+    flops_per_forward = flops.forward_flops(model, seq_len, model_config.vocab_size, device)
+
+    print(f"{args.project} {args.config} on {hardware}: seq_len {seq_len}, {precision}, "
+          f"{'compiled' if args.compile else 'eager'}, torch {torch.__version__}; "
+          f"median of {args.steps} steps after {args.warmup} warm-up steps")
+    print(f"{'batch size':>10}  {'tokens/s':>12}  {'step ms':>9}  {'peak GiB':>9}")
+
+    def measure(batch_size: int) -> Measurement:
+        result = measure_batch_size(model, model_config, batch_size, device, precision, args.steps, args.warmup, args.compile)
+        print(format_measurement(result), flush=True)
+        return result
+
+    if args.sweep:
+        results = sweep_batch_sizes(measure, args.max_batch_size, stop_when_slower=device.type != "cuda")
+    else:
+        results = [measure(args.batch_size)]
+    fitted = [r for r in results if r.tokens_per_second is not None]
+    if not fitted:
+        raise SystemExit(f"out of memory at batch size {args.batch_size}")
+    best = max(fitted, key=lambda r: r.tokens_per_second)
+
+    memory = "n/a" if best.peak_memory_gib is None else f"{best.peak_memory_gib:.2f} GiB"
+    print(f"best: batch size {best.batch_size}, {best.tokens_per_second:,.0f} tokens/s, peak memory {memory}")
+    peak = flops.device_peak(hardware)
+    if peak is None:
+        utilisation = f"MFU n/a (no spec peak FLOP/s for {hardware!r})"
+    else:
+        value = flops.mfu(flops_per_forward, seq_len, best.tokens_per_second, peak.flops_per_second)
+        utilisation = f"MFU {value:.1%} of {peak.flops_per_second / 1e12:g} TFLOP/s ({peak.precision} {peak.source})"
+    print(f"forward FLOPs at batch 1: {flops_per_forward:,} ({flops_per_forward / 1e9:.3f} GFLOPs); {utilisation}")
+
+    row = throughput.ThroughputRow(
+        project=args.project,
+        config=args.config,
+        hardware=hardware,
+        batch_size=best.batch_size,
+        seq_len=seq_len,
+        tokens_per_second=best.tokens_per_second,
+        peak_memory_gib=best.peak_memory_gib,
+        precision=precision,
+        compiled=args.compile,
+        torch_version=torch.__version__,
+        date=datetime.date.today().isoformat(),
+        source="measured",
+        note=f"best of {len(fitted)} batch sizes" if args.sweep else "fixed batch size",
+    )
+    if not args.no_save:
+        registry = args.registry or throughput.registry_path(args.project)
+        throughput.append_row(registry, row)
+        print(f"appended to {registry}")
+    return row
+
+
+if __name__ == "__main__":
+    main()

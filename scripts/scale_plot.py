@@ -1,0 +1,240 @@
+"""Scaling-law plots of Languini runs (the paper's Figures 9 and 10) and learning curves.
+
+    python scripts/scale_plot.py runs/ --out scale.png                    # every results.json under runs/
+    python scripts/scale_plot.py runs/gpt_* runs/qlstm_* --out scale.png --mode fast --split java
+    python scripts/scale_plot.py runs/ --out curves.png --curves          # eval rows of each log.jsonl
+
+Scale plots take each run's final normalised perplexity (results.json, --mode and --split),
+keep the best run per project and compute class (unless --all_runs), and fit per project
+
+    normalised perplexity = intercept + slope * ln(x),   x = accelerator hours or total FLOPs.
+
+This is the convention of the paper's legends: fitting Table 6 this way gives slope -0.082
+and intercept 2.406 over accelerator hours, as printed in Figures 9a and 10a. The table
+also lists the log-log exponent d ln(ppl) / d ln(x), the power law's exponent.
+"""
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 (the backend must be chosen first)
+import numpy as np  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
+
+from languini.compute_class import PAPER_COMPUTE_CLASSES, compute_class_seconds  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Point:
+    project: str
+    run: str
+    compute_class: str | None
+    accelerator_seconds: float
+    total_flops: float | None
+    normalised_perplexity: float
+
+
+@dataclass(frozen=True)
+class Fit:
+    project: str
+    axis: str  # "accelerator hours" or "total FLOPs"
+    runs: int
+    slope: float
+    intercept: float
+    loglog_exponent: float
+
+    def predict(self, x):
+        return self.intercept + self.slope * np.log(x)
+
+
+def find_runs(paths: list[str]) -> list[Path]:
+    """Run directories: each path that holds results.json, else every such directory below it."""
+    runs = []
+    for path in map(Path, paths):
+        if (path / "results.json").is_file():
+            runs.append(path)
+        elif path.is_dir():
+            runs.extend(sorted(p.parent for p in path.rglob("results.json")))
+        else:
+            raise SystemExit(f"{path} is not a run directory (no results.json) nor a folder of runs")
+    if not runs:
+        raise SystemExit(f"no results.json under {', '.join(paths)}")
+    return runs
+
+
+def load_points(runs: list[Path], mode: str, split: str) -> tuple[list[Point], list[str]]:
+    """One point per run with a `mode` eval on `split`; and why the other runs were skipped."""
+    points, skipped = [], []
+    for run in runs:
+        results = json.loads((run / "results.json").read_text())
+        evaluation = (results.get("eval") or {}).get(mode, {}).get(split)
+        if evaluation is None or results.get("accelerator_seconds") is None:
+            available = {m: sorted(s) for m, s in (results.get("eval") or {}).items()}
+            skipped.append(f"{run}: no {mode} eval on {split!r} or no accelerator_seconds (has {available})")
+            continue
+        points.append(Point(
+            project=results["project"],
+            run=str(run),
+            compute_class=results.get("compute_class"),
+            accelerator_seconds=float(results["accelerator_seconds"]),
+            total_flops=results.get("total_flops"),
+            normalised_perplexity=float(evaluation["normalised_perplexity"]),
+        ))
+    return points, skipped
+
+
+def best_per_class(points: list[Point]) -> list[Point]:
+    """The lowest perplexity per (project, compute class); runs without a class are all kept."""
+    best = {}
+    for point in points:
+        key = (point.project, point.compute_class or point.run)
+        if key not in best or point.normalised_perplexity < best[key].normalised_perplexity:
+            best[key] = point
+    return list(best.values())
+
+
+def fit_log_law(project: str, axis: str, x, y) -> Fit | None:
+    """Least squares of y on ln(x); None with fewer than two distinct x."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(np.unique(x)) < 2:
+        return None
+    slope, intercept = np.polyfit(np.log(x), y, 1)
+    exponent = np.polyfit(np.log(x), np.log(y), 1)[0]
+    return Fit(project, axis, len(x), float(slope), float(intercept), float(exponent))
+
+
+def fit_projects(points: list[Point]) -> list[Fit]:
+    fits = []
+    for project in sorted({p.project for p in points}):
+        mine = [p for p in points if p.project == project]
+        hours = [p.accelerator_seconds / 3600 for p in mine]
+        fits.append(fit_log_law(project, "accelerator hours", hours, [p.normalised_perplexity for p in mine]))
+        with_flops = [p for p in mine if p.total_flops]
+        fits.append(fit_log_law(project, "total FLOPs", [p.total_flops for p in with_flops],
+                                [p.normalised_perplexity for p in with_flops]))
+    return [fit for fit in fits if fit is not None]
+
+
+def format_fits(fits: list[Fit]) -> str:
+    header = f"{'project':<12} {'x':<18} {'runs':>4} {'slope':>9} {'intercept':>10} {'log-log exponent':>17}"
+    rows = [f"{f.project:<12} {f.axis:<18} {f.runs:>4} {f.slope:>9.4f} {f.intercept:>10.4f} {f.loglog_exponent:>17.4f}"
+            for f in fits]
+    return "\n".join([header, *rows])
+
+
+def compute_class_lines(axis, classes: set[str]) -> None:
+    """Dashed vertical lines at the paper's classes inside the axis range and at the runs' own classes."""
+    low, high = axis.get_xlim()
+    seconds = {name: compute_class_seconds(name) for name in classes}
+    seconds.update({name: compute_class_seconds(name) for name in PAPER_COMPUTE_CLASSES
+                    if low <= compute_class_seconds(name) <= high})
+    for name, value in sorted(seconds.items(), key=lambda item: item[1]):
+        axis.axvline(value, color="grey", linestyle="--", linewidth=0.8)
+        axis.annotate(name, (value, 1), xycoords=("data", "axes fraction"), xytext=(2, -10),
+                      textcoords="offset points", fontsize=7, color="grey")
+
+
+def plot_scaling(points: list[Point], fits: list[Fit], out: Path, title: str) -> None:
+    figure, (time_axis, flops_axis) = plt.subplots(2, 1, figsize=(7, 9))
+    colours = dict(zip(sorted({p.project for p in points}), plt.rcParams["axes.prop_cycle"].by_key()["color"] * 10))
+    for axis, axis_name, value in ((time_axis, "accelerator hours", lambda p: p.accelerator_seconds),
+                                   (flops_axis, "total FLOPs", lambda p: p.total_flops)):
+        shown = [p for p in points if value(p)]
+        for project, colour in colours.items():
+            mine = [p for p in shown if p.project == project]
+            axis.scatter([value(p) for p in mine], [p.normalised_perplexity for p in mine], color=colour,
+                         label=None if any(f.project == project and f.axis == axis_name for f in fits) else project)
+        axis.set_xscale("log")
+        axis.xaxis.set_minor_formatter(NullFormatter())  # minor labels overlap on short ranges
+        if shown:
+            low, high = min(map(value, shown)), max(map(value, shown))
+            grid = np.geomspace(low / 1.5, high * 1.5, 100)
+            for fit in (f for f in fits if f.axis == axis_name):
+                x = grid / 3600 if axis_name == "accelerator hours" else grid
+                axis.plot(grid, fit.predict(x), color=colours[fit.project],
+                          label=f"{fit.project}: slope {fit.slope:.3f} intercept {fit.intercept:.3f}")
+        axis.set_ylabel("normalised perplexity")
+        if axis.get_legend_handles_labels()[0]:  # the FLOPs panel is empty when no run knows its FLOPs
+            axis.legend(fontsize=8)
+        axis.grid(True, which="both", alpha=0.3)
+    time_axis.set_xlabel("accelerator seconds (reference hardware)")
+    time_axis.set_title(f"{title}\nfit: ppl = intercept + slope * ln(accelerator hours)", fontsize=9)
+    compute_class_lines(time_axis, {p.compute_class for p in points if p.compute_class})
+    flops_axis.set_xlabel("total FLOPs (3 x forward)")
+    flops_axis.set_title("fit: ppl = intercept + slope * ln(FLOPs)", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(out, dpi=150)
+    plt.close(figure)
+
+
+def plot_curves(runs: list[Path], out: Path, mode: str, split: str) -> int:
+    """Normalised perplexity over accelerator seconds from each run's eval rows; returns the curves drawn."""
+    figure, axis = plt.subplots(figsize=(8, 5))
+    drawn, classes = 0, set()
+    for run in runs:
+        rows = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
+        evals = [r for r in rows if r.get("event") == "eval" and r.get("mode") == mode and r.get("split") == split]
+        if not evals:
+            continue
+        evals.sort(key=lambda r: r["accelerator_seconds"])
+        axis.plot([r["accelerator_seconds"] for r in evals], [r["normalised_perplexity"] for r in evals],
+                  marker=".", label=run.name)
+        results = json.loads((run / "results.json").read_text()) if (run / "results.json").is_file() else {}
+        classes.update({results["compute_class"]} if results.get("compute_class") else set())
+        drawn += 1
+    if drawn == 0:
+        raise SystemExit(f"no {mode} eval rows on {split!r} in the runs' log.jsonl")
+    axis.set_xscale("log")
+    axis.xaxis.set_minor_formatter(NullFormatter())
+    axis.set_xlabel("accelerator seconds (reference hardware)")
+    axis.set_ylabel("normalised perplexity")
+    axis.set_title(f"learning curves ({mode} eval, {split})", fontsize=9)
+    compute_class_lines(axis, classes)
+    axis.legend(fontsize=7)
+    axis.grid(True, which="both", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(out, dpi=150)
+    plt.close(figure)
+    return drawn
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", help="run directories, or folders searched for results.json")
+    parser.add_argument("--out", required=True, help="image file to write, e.g. scale.png")
+    parser.add_argument("--mode", choices=("fast", "slow"), default="slow", help="which eval (default slow, as the paper)")
+    parser.add_argument("--split", default="test", help="eval split, e.g. test or an OOD split (default test)")
+    parser.add_argument("--curves", action="store_true", help="draw learning curves from log.jsonl instead")
+    parser.add_argument("--all_runs", action="store_true", help="plot every run, not the best per compute class")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> list[Fit]:
+    args = parse_args(argv)
+    runs = find_runs(args.runs)
+    out = Path(args.out)
+    if args.curves:
+        drawn = plot_curves(runs, out, args.mode, args.split)
+        print(f"wrote {out} ({drawn} learning curves)")
+        return []
+    points, skipped = load_points(runs, args.mode, args.split)
+    for reason in skipped:
+        print(f"skipped {reason}")
+    if not points:
+        raise SystemExit(f"no run has a {args.mode} eval on {args.split!r}")
+    if not args.all_runs:
+        points = best_per_class(points)
+    fits = fit_projects(points)
+    plot_scaling(points, fits, out, f"normalised perplexity ({args.mode} eval, {args.split})")
+    print(format_fits(fits))
+    print(f"wrote {out} ({len(points)} runs)")
+    return fits
+
+
+if __name__ == "__main__":
+    main()

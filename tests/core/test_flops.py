@@ -1,0 +1,100 @@
+import importlib.util
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from languini import flops
+
+
+class CausalAttentionLM(nn.Module):
+    """Embedding, one nn.MultiheadAttention and an output layer; no biases so the count is plain matmuls."""
+
+    def __init__(self, vocab_size=64, d_model=32, n_heads=2, extra=0):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.attention = nn.MultiheadAttention(d_model, n_heads, bias=False, batch_first=True)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        self.extra = extra
+
+    def forward(self, x, state=None):
+        h = self.embed(x)
+        mask = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).triu(1)
+        a, _ = self.attention(h, h, h, attn_mask=mask, need_weights=False)
+        return self.head(h + a), None
+
+    def extra_flops(self, seq_len):
+        return self.extra * seq_len
+
+
+def hand_count(seq_len, vocab_size, d_model):
+    # q, k, v and output projections; QK^T and AV over the full T x T square (as DeepSpeed
+    # counts them); output layer. Each multiply-add is 2 FLOPs; embedding lookups are free.
+    projections = 4 * 2 * seq_len * d_model * d_model
+    attention = 2 * 2 * seq_len * seq_len * d_model
+    output = 2 * seq_len * d_model * vocab_size
+    return projections + attention + output
+
+
+def test_forward_flops_counts_attention_even_when_called_under_no_grad():
+    model = CausalAttentionLM(extra=7).eval()  # eval + no_grad is when PyTorch takes MHA's fused fast path
+    with torch.no_grad():
+        counted = flops.forward_flops(model, seq_len=16, vocab_size=64)
+    assert counted == hand_count(16, 64, 32) + 7 * 16
+
+
+def test_profiler_patches_are_undone_when_the_forward_fails():
+    class Broken(nn.Module):
+        def forward(self, x):
+            raise RuntimeError("boom")
+
+    linear_before = F.linear
+    with pytest.raises(RuntimeError, match="boom"):
+        flops.forward_flops(Broken(), seq_len=4, vocab_size=8)
+    assert F.linear is linear_before
+
+
+@pytest.fixture
+def single_thread():
+    # Two threads on a shared 2-core machine make OpenMP spin for seconds per matmul.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("projects.gpt.model") is None, reason="projects.gpt not present")
+@pytest.mark.parametrize("size, paper_gigaflops", [("mini", 20.4), ("tiny", 45.1)])
+def test_gpt_forward_flops_match_table_4(size, paper_gigaflops, single_thread):
+    from projects.gpt import configs, model
+
+    torch.manual_seed(0)
+    counted = flops.forward_flops(model.Model(configs.SIZES[size]), seq_len=512, vocab_size=16384)
+    assert counted / 1e9 == pytest.approx(paper_gigaflops, abs=0.05)
+
+
+@pytest.mark.parametrize(
+    "name, peak_name",
+    [("NVIDIA GeForce RTX 3090", "RTX 3090"), ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+     ("NVIDIA A100-SXM4-80GB", "A100"), ("NVIDIA A100 80GB PCIe", "A100"),
+     ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H200", "H200"),
+     ("Tesla V100-SXM2-32GB", "V100"), ("Tesla V100-PCIE-32GB", "V100 PCIe"), ("Tesla P100-PCIE-16GB", "P100 PCIe")],
+)
+def test_device_peak_lookup(name, peak_name):
+    assert flops.device_peak(name).name == peak_name
+
+
+def test_device_peak_values_and_unknown_devices():
+    assert flops.device_peak("NVIDIA GeForce RTX 3090").flops_per_second == 71e12
+    assert flops.device_peak("NVIDIA H100 PCIe").flops_per_second == 756e12
+    assert flops.device_peak("NVIDIA H100 80GB HBM3").flops_per_second == 989.4e12
+    assert flops.device_peak("cpu") is None
+    assert flops.device_peak("NVIDIA GeForce RTX 3090 Ti") is None  # a different card, not an RTX 3090
+    assert all(peak.source.startswith("spec:") for peak in flops.PEAKS)
+
+
+def test_mfu_is_three_forward_passes_per_token():
+    # GPT small on the RTX 3090: 109.6e9 / 512 FLOPs per token forward, 55,416 tokens/s, 71 TFLOP/s peak.
+    assert flops.mfu(109.6e9, 512, 55416, 71e12) == pytest.approx(3 * 214.0625e6 * 55416 / 71e12)
+    assert flops.mfu(109.6e9, 512, 55416, 71e12) == pytest.approx(0.5012, abs=1e-4)

@@ -1,0 +1,121 @@
+"""The trainer end to end on CPU: exact resume, non-finite loss, bad input, data parallel = accumulation."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from languini.experiment import REPO_ROOT, main
+from languini.trainer import lr_factor
+from projects.gpt import configs
+from projects.gpt.model import Model
+
+TINY = ["--config", "cpu", "--d_model", "32", "--n_layers", "1", "--n_heads", "2", "--d_head", "16",
+        "--seq_len", "32", "--batch_size", "4", "--eval_batch_size", "4", "--eval_max_batches", "2",
+        "--slow_eval_max_windows", "2"]
+
+
+def train_losses(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in rows if r["event"] == "train"]
+
+
+def test_lr_schedule_by_hand():
+    assert lr_factor(0, 100, 10, 0.01) == pytest.approx(0.1)
+    assert lr_factor(9, 100, 10, 0.01) == pytest.approx(1.0)
+    assert lr_factor(55, 100, 10, 0.01) == pytest.approx(0.01 + 0.99 * 0.5)  # half-way through the cosine
+    assert lr_factor(100, 100, 10, 0.01) == pytest.approx(0.01)  # decayed by 100x
+
+
+def test_killed_and_resumed_run_has_the_losses_of_an_uninterrupted_one(default_corpus_root, tmp_path):
+    args = TINY + ["--data_root", str(default_corpus_root), "--max_steps", "8", "--log_every", "1",
+                   "--eval_every", "4", "--micro_batches", "2", "--run_name", "r"]
+    whole = main("gpt", configs, Model, args + ["--out_dir", str(tmp_path / "a")])
+    assert main("gpt", configs, Model, args + ["--out_dir", str(tmp_path / "b"), "--stop_at_step", "5"]) is None
+    run_b = tmp_path / "b" / "r"
+    with (run_b / "log.jsonl").open("a") as f:  # a row the killed run wrote after its last checkpoint
+        f.write(json.dumps({"event": "train", "step": 7, "loss": 0.0}) + "\n")
+    resumed = main("gpt", configs, Model, args + ["--out_dir", str(tmp_path / "b"), "--resume", "true"])
+    assert train_losses(run_b) == train_losses(tmp_path / "a" / "r")
+    assert [s for s, _ in train_losses(run_b)] == list(range(1, 9))
+    assert resumed["eval"] == whole["eval"]
+    results = json.loads((run_b / "results.json").read_text())
+    assert results["steps"] == 8 and results["tokens_seen"] == 8 * 4 * 32
+    assert set(results["eval"]["slow"]) == {"valid", "test", "ood_series"}
+
+
+class NanAfter3(Model):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.calls = 0
+
+    def forward(self, x, state=None):
+        logits, state = super().forward(x, state)
+        if self.training:
+            self.calls += 1
+            if self.calls > 3:
+                logits = logits * float("nan")
+        return logits, state
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(default_corpus_root, tmp_path):
+    args = TINY + ["--data_root", str(default_corpus_root), "--max_steps", "10", "--checkpoint_every", "1",
+                   "--out_dir", str(tmp_path), "--run_name", "r"]
+    with pytest.raises(SystemExit, match="Loss is nan at step 4.*last good checkpoint"):
+        main("gpt", configs, NanAfter3, args)
+    ckpt = torch.load(tmp_path / "r" / "checkpoint.pt", weights_only=False)
+    assert ckpt["step"] == 3
+    assert all(torch.isfinite(p).all() for p in ckpt["model"].values())
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--config", "huge"], "Unknown GPT config 'huge'"),
+    (["--data_root", "/nonexistent"], "prepare_books.py"),
+    (["--vocab_size", "4096"], "books_2048: pass the matching --vocab_size"),
+    ([], "--compute_class .* or --max_steps"),
+    (["--compute_class", "1h", "--reference_hardware", "RTX 3090"], "measure_throughput.py gpt cpu --sweep"),
+    (["--compute_class", "6 hours"], "not understood"),
+    (["--max_steps", "1", "--batch_size", "5", "--micro_batches", "2"], "not divisible into 2 micro-batches"),
+])
+def test_bad_input_gives_one_clear_error(default_corpus_root, tmp_path, extra, message):
+    args = TINY + ["--data_root", str(default_corpus_root), "--out_dir", str(tmp_path)] + extra
+    with pytest.raises(SystemExit, match=message):
+        main("gpt", configs, Model, args)
+
+
+def test_boolean_flags_are_explicit(default_corpus_root):
+    with pytest.raises(SystemExit):  # argparse: "expected true or false"
+        main("gpt", configs, Model, TINY + ["--compile"])
+
+
+def test_existing_run_is_not_overwritten(default_corpus_root, tmp_path):
+    args = TINY + ["--data_root", str(default_corpus_root), "--max_steps", "1", "--out_dir", str(tmp_path),
+                   "--run_name", "r"]
+    main("gpt", configs, Model, args)
+    with pytest.raises(SystemExit, match="--resume true"):
+        main("gpt", configs, Model, args)
+
+
+def test_dry_run_prints_the_paper_plan(default_corpus_root, capsys):
+    assert main("gpt", configs, Model, ["--config", "small", "--compute_class", "6h", "--dry_run", "true",
+                                         "--data_root", str(default_corpus_root), "--vocab_size", "2048"]) is None
+    out = capsys.readouterr().out
+    assert "18,265" in out and "55,416 tokens/s" in out  # Table 5/6: GPT small, 6h, batch 128
+
+
+def test_data_parallel_processes_equal_gradient_accumulation(default_corpus_root, tmp_path):
+    """2 processes x 1 micro-batch (torchrun, DDP over gloo) train like 1 process x 2 micro-batches."""
+    common = TINY + ["--data_root", str(default_corpus_root), "--max_steps", "4", "--log_every", "1",
+                     "--run_name", "r", "--eval_max_batches", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    script = str(REPO_ROOT / "projects" / "gpt" / "train.py")
+    subprocess.run([sys.executable, script, *common, "--micro_batches", "2", "--out_dir", str(tmp_path / "one")],
+                   check=True, env=env, capture_output=True)
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script,
+                    *common, "--out_dir", str(tmp_path / "two")], check=True, env=env, capture_output=True)
+    one, two = train_losses(tmp_path / "one" / "r"), train_losses(tmp_path / "two" / "r")
+    assert [s for s, _ in one] == [s for s, _ in two] == [1, 2, 3, 4]
+    for (_, a), (_, b) in zip(one, two):
+        assert a == pytest.approx(b, rel=1e-5)

@@ -1,0 +1,57 @@
+"""GPT sizes against the Languini paper's Table 4, the model contract and the position-table limit."""
+import pytest
+import torch
+
+from languini.flops import forward_flops
+from projects.gpt import configs
+from projects.gpt.model import Model
+
+# Table 4 (medium with 24 layers, see configs.py): parameters in millions, forward GFLOPs at batch 1 x 512.
+TABLE_4 = {"mini": (27.6, 20.4), "tiny": (53.9, 45.1), "small": (110.6, 109.6),
+           "medium": (336.4, 352.4), "large": (731.1, 760.5), "XL": (1478.2, 1555.2)}
+
+
+@pytest.mark.parametrize("size", TABLE_4)
+def test_parameters_and_flops_match_table_4(size):
+    params, gflops = TABLE_4[size]
+    with torch.device("meta"):  # no memory for the big ones
+        model = Model(configs.get(size))
+    assert sum(p.numel() for p in model.parameters()) / 1e6 == pytest.approx(params, rel=0.01)
+    assert forward_flops(model, 512, 16384, "meta") / 1e9 == pytest.approx(gflops, rel=0.03)
+
+
+def test_flops_on_meta_match_flops_on_cpu():
+    # Matmuls must not be counted twice through the meta device's decompositions (layer norm differs slightly).
+    cfg = configs.get("cpu")
+    with torch.device("meta"):
+        meta = forward_flops(Model(cfg), cfg.seq_len, cfg.vocab_size, "meta")
+    assert meta == pytest.approx(forward_flops(Model(cfg), cfg.seq_len, cfg.vocab_size), rel=1e-3)
+
+
+def test_attention_width_differs_from_model_width_for_mini():
+    model = Model(configs.get("mini"))
+    assert model.blocks[0].attn.qkv.weight.shape == (3 * 8 * 32, 512)
+
+
+def test_contract_and_causality():
+    torch.manual_seed(0)
+    cfg = configs.get("cpu", seq_len=16, d_model=32, n_heads=2, d_head=16)
+    model = Model(cfg).eval()
+    x = torch.randint(cfg.vocab_size, (2, 16))
+    logits, state = model(x)
+    assert logits.shape == (2, 16, cfg.vocab_size) and state is None
+    x2 = x.clone()
+    x2[:, 10:] = (x2[:, 10:] + 1) % cfg.vocab_size
+    torch.testing.assert_close(model(x2)[0][:, :10], logits[:, :10])
+    assert not torch.allclose(model(x2)[0][:, 10:], logits[:, 10:])
+
+
+def test_sequence_longer_than_position_table_is_explained():
+    model = Model(configs.get("cpu", seq_len=8))
+    with pytest.raises(ValueError, match="position table"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_unknown_config_lists_the_known_ones():
+    with pytest.raises(ValueError, match="mini, tiny, small"):
+        configs.get("huge")

@@ -1,0 +1,167 @@
+"""Product-key memory layer: exact top-k, causality, shapes, sparse value gradients, statistics, FLOPs."""
+
+import math
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from projects.pkm_gpt.pkm import (LRAM_PAPER_PKM, XLM_PKM, MemoryUsage, ProductKeyMemory, pkm_flops,
+                                  product_key_topk)
+
+# A tiny layer: d_model 12, 3 heads, k_dim 6, 7^2 = 49 values of v_dim 10, knn 4.
+TINY = dict(heads=3, k_dim=6, n_keys=7, knn=4, v_dim=10)
+PATHS = {"reference": dict(use_triton=False),
+         "triton-atomic": dict(use_triton=True, value_grad="atomic"),
+         "triton-sorted": dict(use_triton=True, value_grad="sorted")}
+
+
+def tiny_layer(seed=0, **overrides):
+    torch.manual_seed(seed)
+    return ProductKeyMemory(12, **{**TINY, **overrides})
+
+
+@pytest.mark.parametrize("heads,n_keys,k_dim,knn", [(3, 16, 6, 5), (2, 7, 8, 7), (1, 9, 4, 1)])
+def test_product_key_topk_equals_exhaustive_topk(heads, n_keys, k_dim, knn):
+    generator = torch.Generator().manual_seed(n_keys)
+    queries = torch.randn(23, heads, k_dim, generator=generator, dtype=torch.float64)
+    sub_keys = torch.randn(heads, 2, n_keys, k_dim // 2, generator=generator, dtype=torch.float64)
+    # All N = n_keys^2 full keys; key i1 * n_keys + i2 is the concatenation of sub-keys i1 and i2.
+    first = sub_keys[:, 0].repeat_interleave(n_keys, dim=1)  # [heads, N, k_dim/2]: sub-key i // n_keys
+    second = sub_keys[:, 1].repeat(1, n_keys, 1)  # sub-key i % n_keys
+    full_keys = torch.cat([first, second], dim=-1)  # [heads, N, k_dim]
+    expected_scores, expected_indices = torch.einsum("rhd,hnd->rhn", queries, full_keys).topk(knn, dim=-1)
+
+    scores, indices = product_key_topk(queries, sub_keys, knn)
+    assert torch.equal(indices, expected_indices)
+    torch.testing.assert_close(scores, expected_scores)
+
+
+@pytest.mark.parametrize("query_norm", ["layernorm", "none"])
+def test_query_norm_is_causal(query_norm):
+    layer = tiny_layer(query_norm=query_norm, use_triton=False).train()
+    x = torch.randn(2, 9, 12)
+    changed = x.clone()
+    changed[:, 5:] = torch.randn(2, 4, 12)
+    assert torch.equal(layer(x)[:, :5], layer(changed)[:, :5])
+
+
+def test_batchnorm_in_training_is_not_causal():
+    # The causality test above can fail: batch statistics carry later tokens into earlier outputs.
+    layer = tiny_layer(query_norm="batchnorm", use_triton=False).train()
+    x = torch.randn(2, 9, 12)
+    changed = x.clone()
+    changed[:, 5:] = torch.randn(2, 4, 12)
+    assert not torch.allclose(layer(x)[:, :5], layer(changed)[:, :5])
+
+
+def test_default_config_is_causal_layernorm():
+    assert ProductKeyMemory(8, heads=1, k_dim=4, n_keys=3, knn=2).query_norm.__class__ is torch.nn.LayerNorm
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_output_shape_and_dtype(path):
+    layer = tiny_layer(**PATHS[path])
+    assert layer(torch.randn(3, 5, 12)).shape == (3, 5, 10)
+    assert layer.to(torch.bfloat16)(torch.randn(3, 5, 12, dtype=torch.bfloat16)).dtype == torch.bfloat16
+    assert tiny_layer(v_dim=None, use_triton=False)(torch.randn(1, 2, 12)).shape == (1, 2, 12)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_value_gradient_only_on_touched_rows(path):
+    layer = tiny_layer(n_keys=9, **PATHS[path])  # 81 rows, 2 * 3 tokens * 3 heads * 4 slots = 72 accesses
+    x = torch.randn(2, 3, 12)
+    (layer(x) * torch.randn(2, 3, 10)).sum().backward()
+    indices, _ = layer.lookup(x)
+    touched = torch.zeros(layer.num_values, dtype=torch.bool)
+    touched[indices.flatten()] = True
+    assert 0 < touched.sum() < layer.num_values
+    assert torch.equal(layer.values.grad.abs().sum(dim=1) > 0, touched)
+
+
+@pytest.mark.parametrize("path", ["triton-atomic", "triton-sorted"])
+def test_triton_layer_matches_reference_layer(path):
+    x = torch.randn(2, 7, 12)
+    grad_out = torch.randn(2, 7, 10)
+    results = []
+    for options in (PATHS["reference"], PATHS[path]):
+        layer = tiny_layer(seed=1, **options)
+        out = layer(x)
+        (out * grad_out).sum().backward()
+        results.append((out, {name: p.grad for name, p in layer.named_parameters()}))
+    (expected_out, expected_grads), (out, grads) = results
+    torch.testing.assert_close(out, expected_out)
+    assert grads.keys() == expected_grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], expected_grads[name], msg=name)
+
+
+def test_value_parameters_are_the_table_only():
+    layer = tiny_layer()
+    assert [id(p) for p in layer.value_parameters()] == [id(layer.values)]
+    assert layer.values.shape == (49, 10)
+
+
+def test_memory_usage_by_hand():
+    usage = MemoryUsage(4)
+    usage.update(torch.tensor([[0, 0, 1]]), torch.tensor([[0.5, 0.25, 0.25]]))
+    # weighted accesses p = (0.75, 0.25, 0, 0); KL = 0.75 ln(0.75 * 4) + 0.25 ln(0.25 * 4) = 0.75 ln 3
+    result = usage.result()
+    assert result["memory_used"] == 0.5
+    assert result["memory_kl_uniform"] == pytest.approx(0.75 * math.log(3))
+
+    uniform = MemoryUsage(3)
+    uniform.update(torch.tensor([[0, 1], [2, 0]]), torch.tensor([[0.5, 0.5], [0.5, 0.0]]))
+    assert uniform.result() == pytest.approx({"memory_used": 1.0, "memory_kl_uniform": 0.0})
+
+
+def test_memory_usage_collected_in_forward():
+    layer = tiny_layer(use_triton=False).eval()
+    x = torch.randn(2, 5, 12)
+    layer.usage = MemoryUsage(layer.num_values)
+    with torch.no_grad():
+        layer(x)
+        layer(x)
+    indices, _ = layer.lookup(x)
+    assert layer.usage.result()["memory_used"] == indices.unique().numel() / layer.num_values
+    assert layer.usage.weighted_counts.sum().item() == pytest.approx(2 * 2 * 5 * TINY["heads"])
+
+
+def test_flops_match_profiler_and_hand_count():
+    tokens, d_model = 2 * 5, 12
+    layer = tiny_layer(use_triton=False)
+    with FlopCounterMode(display=False) as counter:
+        layer(torch.randn(2, 5, d_model))
+    flops = pkm_flops(tokens, d_model, **TINY)
+    # The profiler sees the query projection and the half-key scores (matmuls), not the gathers.
+    assert counter.get_total_flops() == flops["query"] + flops["key_scores"]
+    assert flops["embedding_bag"] == tokens * 3 * 4 * 10 * 2  # tokens * heads * knn * v_dim multiply-adds
+    assert flops["candidate_sums"] == tokens * 3 * 4 * 4
+    assert flops["total"] == flops["query"] + flops["key_scores"] + flops["candidate_sums"] + flops["embedding_bag"]
+
+
+def test_presets():
+    with torch.device("meta"):
+        lram = ProductKeyMemory.from_config(512, LRAM_PAPER_PKM)
+    assert lram.values.shape == (2 ** 16, 512)
+    assert lram.sub_keys.shape == (8, 2, 256, 32)
+    assert lram.query_proj.out_features == 8 * 64 and lram.knn == 32
+    assert (XLM_PKM.heads, XLM_PKM.k_dim, XLM_PKM.knn, XLM_PKM.n_keys ** 2) == (4, 256, 32, 512 ** 2)
+    assert XLM_PKM.v_dim is None
+
+
+@pytest.mark.parametrize("bad", [dict(k_dim=5), dict(knn=8), dict(query_norm="rms"), dict(value_grad="x")])
+def test_bad_config_raises_value_error(bad):
+    with pytest.raises(ValueError):
+        tiny_layer(**bad)
+
+
+def test_layer_compiles_without_graph_break():
+    layer = tiny_layer(use_triton=True)
+    x = torch.randn(2, 3, 12)
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    compiled(x).sum().backward()
+    expected = tiny_layer(use_triton=True)(x)
+    torch.testing.assert_close(compiled(x), expected)
+    assert layer.values.grad is not None
