@@ -106,7 +106,7 @@ def run(project: str, configs, model_cls, args: argparse.Namespace) -> dict | No
                 tok_s = throughput.lookup(registry, project, config_name, tcfg.reference_hardware,
                                           model_cfg.seq_len).tokens_per_second
             except throughput.ThroughputNotFoundError:
-                tok_s = float("nan")  # accelerator time is unknown without a throughput
+                tok_s = None  # accelerator time is unknown without a throughput
         say(f"Training {project}/{config_name} for --max_steps {steps} (no compute class).")
     elif tcfg.compute_class is not None:
         plan = compute_class.plan_training(
@@ -145,7 +145,9 @@ def run(project: str, configs, model_cls, args: argparse.Namespace) -> dict | No
         if trainer.step < steps:
             say(f"Stopped after step {trainer.step} of {steps} as asked; continue with --resume true.")
             return None
-        say("Final evaluation (fast: all predictions; slow: last quarter of each window):")
+        slow = ("the stream read once, state carried" if trainer.stateful
+                else "windows moved by a quarter, their last quarter scored")
+        say(f"Final evaluation (fast: all predictions of eval batches; slow: {slow}):")
         results = trainer.results(trainer.final_evaluation(log), tcfg.compute_class)
     finally:
         log.close()

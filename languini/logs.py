@@ -59,7 +59,8 @@ class RunLog:
                     continue
                 self.tb.add_scalar(f"{prefix}/{k}", v, row["step"])
                 self.tb.add_scalar(f"{prefix}/{k}_by_tokens", v, row["tokens"])
-                self.tb.add_scalar(f"{prefix}/{k}_by_accelerator_seconds", v, int(row["accelerator_seconds"]))
+                if row["accelerator_seconds"] is not None:
+                    self.tb.add_scalar(f"{prefix}/{k}_by_accelerator_seconds", v, int(row["accelerator_seconds"]))
 
     def close(self):
         if self.wandb is not None:

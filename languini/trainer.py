@@ -117,7 +117,7 @@ def init_distributed() -> Dist:
 class Trainer:
     def __init__(self, *, project: str, config_name: str, model_cfg, model_cls, tcfg: TrainConfig,
                  dataset: BooksDataset, bytes_per_token: torch.Tensor, run_dir: Path, total_steps: int,
-                 tokens_per_second: float, reference_hardware: str, flops_per_forward: float | None = None,
+                 tokens_per_second: float | None, reference_hardware: str, flops_per_forward: float | None = None,
                  device: torch.device | None = None, ddp: Dist | None = None, extra_results: dict | None = None):
         self.project, self.config_name, self.model_cfg, self.tcfg = project, config_name, model_cfg, tcfg
         self.dataset, self.run_dir, self.total_steps = dataset, run_dir, total_steps
@@ -132,11 +132,19 @@ class Trainer:
         self.model = model_cls(model_cfg).to(self.device)
         groups = (self.model.optimizer_groups(tcfg.lr) if hasattr(self.model, "optimizer_groups")
                   else [{"params": list(self.model.parameters()), "lr": tcfg.lr}])
-        self.opt = torch.optim.Adam(groups, lr=tcfg.lr, betas=(0.9, 0.95), eps=1e-8,
-                                    fused=self.device.type == "cuda")
+        # Groups marked "sparse" (memory values with row-sparse gradients) get a lazy Adam: only rows read move.
+        dense = [{k: v for k, v in g.items() if k != "sparse"} for g in groups if not g.get("sparse")]
+        sparse = [{k: v for k, v in g.items() if k != "sparse"} for g in groups if g.get("sparse")]
+        if sparse and self.ddp.world_size > 1:
+            raise ValueError("Row-sparse value gradients are single-process only; use --sparse_values false with DDP.")
+        self.optimizers = [torch.optim.Adam(dense, lr=tcfg.lr, betas=(0.9, 0.95), eps=1e-8,
+                                            fused=self.device.type == "cuda")]
+        if sparse:
+            self.optimizers.append(torch.optim.SparseAdam(sparse, lr=tcfg.lr, betas=(0.9, 0.95), eps=1e-8))
+        self.dense_params = [p for g in dense for p in g["params"]]
         warmup = min(tcfg.warmup_steps, max(total_steps // 10, 1))
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda s: lr_factor(s, total_steps, warmup, tcfg.final_lr_fraction))
+        self.schedulers = [torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: lr_factor(s, total_steps, warmup, tcfg.final_lr_fraction)) for opt in self.optimizers]
         self.autocast, self.scaler, self.precision = precision_for(self.device, tcfg.precision)
 
         self.train_model = self.model
@@ -160,11 +168,12 @@ class Trainer:
     # -- bookkeeping -------------------------------------------------------------------------------------
     def position(self, step: int) -> dict:
         tokens = step * self.tokens_per_step
-        return {"step": step, "tokens": tokens, "accelerator_seconds": tokens / self.tokens_per_second}
+        seconds = tokens / self.tokens_per_second if self.tokens_per_second else None  # None: throughput unknown
+        return {"step": step, "tokens": tokens, "accelerator_seconds": seconds}
 
     def _state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
+        return {"model": self.model.state_dict(), "optimizers": [o.state_dict() for o in self.optimizers],
+                "schedulers": [s.state_dict() for s in self.schedulers],
                 "scaler": self.scaler.state_dict() if self.scaler else None,
                 "rng": checkpoint.rng_state(), "step": self.step, "states": self.states,
                 "model_config": dataclasses.asdict(self.model_cfg), "total_steps": self.total_steps}
@@ -174,8 +183,10 @@ class Trainer:
             raise ValueError(f"The checkpoint in {self.run_dir} was trained with another model config; "
                              "resume with the same flags or choose another --run_name.")
         self.model.load_state_dict(ckpt["model"])
-        self.opt.load_state_dict(ckpt["optimizer"])
-        self.scheduler.load_state_dict(ckpt["scheduler"])
+        for opt, state in zip(self.optimizers, ckpt["optimizers"], strict=True):
+            opt.load_state_dict(state)
+        for sched, state in zip(self.schedulers, ckpt["schedulers"], strict=True):
+            sched.load_state_dict(state)
         if self.scaler and ckpt["scaler"]:
             self.scaler.load_state_dict(ckpt["scaler"])
         checkpoint.set_rng_state(ckpt["rng"])
@@ -188,7 +199,8 @@ class Trainer:
     # -- training ----------------------------------------------------------------------------------------
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
         """One optimiser step over the micro-batches; returns the mean loss over the global batch."""
-        self.opt.zero_grad(set_to_none=True)
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
         M = self.tcfg.micro_batches
         for m in range(M):
@@ -204,14 +216,18 @@ class Trainer:
             total += loss.detach() / M
         if self.tcfg.grad_clip:
             if self.scaler:
-                self.scaler.unscale_(self.opt)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tcfg.grad_clip)
+                self.scaler.unscale_(self.optimizers[0])
+            # The norm covers dense gradients only; row-sparse value gradients are not clipped.
+            torch.nn.utils.clip_grad_norm_(self.dense_params, self.tcfg.grad_clip)
+        for opt in self.optimizers:
+            if self.scaler:
+                self.scaler.step(opt)
+            else:
+                opt.step()
         if self.scaler:
-            self.scaler.step(self.opt)
             self.scaler.update()
-        else:
-            self.opt.step()
-        self.scheduler.step()
+        for sched in self.schedulers:
+            sched.step()
         if self.ddp.world_size > 1:
             dist.all_reduce(total)  # SUM: gloo (CPU) has no AVG
             total /= self.ddp.world_size
@@ -255,7 +271,7 @@ class Trainer:
                     tok_s = (self.step - step_last) * self.tokens_per_step / (now - t_last)
                     t_last, step_last = now, self.step
                     row = {"event": "train", **self.position(self.step), "loss": loss,
-                           "lr": self.scheduler.get_last_lr()[0], "tokens_per_second_local": tok_s}
+                           "lr": self.schedulers[0].get_last_lr()[0], "tokens_per_second_local": tok_s}
                     if self.flops_per_forward and getattr(self, "peak_flops", None):
                         row["mfu"] = 3 * self.flops_per_forward / self.seq_len * tok_s / self.peak_flops
                     log.write(row)
@@ -305,7 +321,7 @@ class Trainer:
             "tokens_per_second": self.tokens_per_second, "global_batch_size": self.tcfg.batch_size,
             "seq_len": self.seq_len, "steps": self.step, "tokens_seen": pos["tokens"],
             "accelerator_seconds": pos["accelerator_seconds"],
-            "accelerator_hours": pos["accelerator_seconds"] / 3600,
+            "accelerator_hours": pos["accelerator_seconds"] / 3600 if pos["accelerator_seconds"] is not None else None,
             "parameters": sum(p.numel() for p in self.model.parameters()),
             "flops_per_forward": fwd,
             "total_flops": 3 * fwd * pos["tokens"] / self.seq_len if fwd else None,

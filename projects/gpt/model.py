@@ -30,7 +30,7 @@ class MLP(nn.Module):
         self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
 
     def forward(self, x):
-        return self.proj(F.gelu(self.fc(x)))
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))  # GPT-2's GELU
 
 
 class Block(nn.Module):
@@ -54,9 +54,8 @@ class Model(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init)
-        for name, p in self.named_parameters():
-            if name.endswith("proj.weight"):  # GPT-2: residual writes scaled down with depth
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layers))
+        for block in self.blocks:  # GPT-2: the MLP's residual write is scaled down with depth
+            nn.init.normal_(block.mlp.proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
 
     @staticmethod
     def _init(m):
@@ -70,7 +69,8 @@ class Model(nn.Module):
         if T > self.cfg.seq_len:
             raise ValueError(f"Sequence length {T} exceeds the position table ({self.cfg.seq_len}); "
                              f"use --seq_len {T} or shorter sequences.")
-        h = self.tok_emb(x) + self.pos_emb(torch.arange(T, device=x.device))
+        # Token embeddings scaled by sqrt(d_model), as in the official Languini code the paper's numbers come from.
+        h = self.tok_emb(x) * math.sqrt(self.cfg.d_model) + self.pos_emb(torch.arange(T, device=x.device))
         for block in self.blocks:
             h = block(h)
         return self.head(self.ln_f(h)), None

@@ -7,8 +7,9 @@ import sys
 import pytest
 import torch
 
+from languini.books import BooksDataset
 from languini.experiment import REPO_ROOT, main
-from languini.trainer import lr_factor
+from languini.trainer import TrainConfig, Trainer, lr_factor
 from projects.gpt import configs
 from projects.gpt.model import Model
 
@@ -29,21 +30,49 @@ def test_lr_schedule_by_hand():
     assert lr_factor(100, 100, 10, 0.01) == pytest.approx(0.01)  # decayed by 100x
 
 
-def test_killed_and_resumed_run_has_the_losses_of_an_uninterrupted_one(default_corpus_root, tmp_path):
+class SparseEmbeddingGPT(Model):
+    """The token embedding with row-sparse gradients in a group marked sparse, as memory layers do."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.tok_emb.sparse = True
+
+    def optimizer_groups(self, lr):
+        rest = [p for n, p in self.named_parameters() if not n.startswith("tok_emb")]
+        return [{"params": rest, "lr": lr}, {"params": [self.tok_emb.weight], "lr": 10 * lr, "sparse": True}]
+
+
+@pytest.mark.parametrize("model_cls", [Model, SparseEmbeddingGPT])
+def test_killed_and_resumed_run_has_the_losses_of_an_uninterrupted_one(default_corpus_root, tmp_path, model_cls):
     args = TINY + ["--data_root", str(default_corpus_root), "--max_steps", "8", "--log_every", "1",
                    "--eval_every", "4", "--micro_batches", "2", "--run_name", "r"]
-    whole = main("gpt", configs, Model, args + ["--out_dir", str(tmp_path / "a")])
-    assert main("gpt", configs, Model, args + ["--out_dir", str(tmp_path / "b"), "--stop_at_step", "5"]) is None
+    whole = main("gpt", configs, model_cls, args + ["--out_dir", str(tmp_path / "a")])
+    assert main("gpt", configs, model_cls, args + ["--out_dir", str(tmp_path / "b"), "--stop_at_step", "5"]) is None
     run_b = tmp_path / "b" / "r"
     with (run_b / "log.jsonl").open("a") as f:  # a row the killed run wrote after its last checkpoint
         f.write(json.dumps({"event": "train", "step": 7, "loss": 0.0}) + "\n")
-    resumed = main("gpt", configs, Model, args + ["--out_dir", str(tmp_path / "b"), "--resume", "true"])
+    resumed = main("gpt", configs, model_cls, args + ["--out_dir", str(tmp_path / "b"), "--resume", "true"])
     assert train_losses(run_b) == train_losses(tmp_path / "a" / "r")
     assert [s for s, _ in train_losses(run_b)] == list(range(1, 9))
     assert resumed["eval"] == whole["eval"]
     results = json.loads((run_b / "results.json").read_text())
     assert results["steps"] == 8 and results["tokens_seen"] == 8 * 4 * 32
     assert set(results["eval"]["slow"]) == {"valid", "test", "ood_series"}
+
+
+def test_sparse_group_updates_only_rows_read(default_corpus_root, tmp_path):
+    torch.manual_seed(0)
+    cfg = configs.get("cpu", d_model=16, n_layers=1, n_heads=2, d_head=8, seq_len=8)
+    trainer = Trainer(project="gpt", config_name="cpu", model_cfg=cfg, model_cls=SparseEmbeddingGPT,
+                      tcfg=TrainConfig(batch_size=2), dataset=BooksDataset(default_corpus_root, 2048),
+                      bytes_per_token=torch.ones(2048), run_dir=tmp_path, total_steps=1, tokens_per_second=1.0,
+                      reference_hardware="cpu")
+    assert isinstance(trainer.optimizers[1], torch.optim.SparseAdam)
+    before = trainer.model.tok_emb.weight.detach().clone()
+    x, y = trainer.batches(0)
+    trainer.train_step(x, y)
+    changed = (trainer.model.tok_emb.weight.detach() != before).any(dim=1)
+    assert set(changed.nonzero().flatten().tolist()) == set(x.unique().tolist())
 
 
 class NanAfter3(Model):

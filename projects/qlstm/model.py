@@ -1,0 +1,97 @@
+"""Quasi-LSTM language model (Languini paper, section 4.3): the GPT of projects/gpt with the attention
+sublayer replaced by a multi-head quasi-LSTM cell (or the classic multi-head LSTM), and no position embeddings.
+
+The state is a list with one cell state per layer (qLSTM: c; LSTM: (c, h)); None means zeros. The trainer
+detaches it and carries it from one batch of a stream to the next.
+"""
+import math
+
+import torch.nn as nn
+import torch.nn.functional as F
+
+from projects.qlstm.cell import MultiHeadLSTM, QuasiLSTM
+from projects.qlstm.configs import CELLS, ModelConfig
+from projects.qlstm.scan import IMPLS, scan_flops
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model)
+        self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))  # GPT-2's GELU
+
+
+def make_cell(cfg: ModelConfig) -> nn.Module:
+    if cfg.cell == "lstm":
+        return MultiHeadLSTM(cfg.d_model, cfg.n_heads, cfg.d_head)
+    return QuasiLSTM(cfg.d_model, cfg.n_heads, cfg.d_head, impl=cfg.impl, block_len=cfg.block_len)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln1, self.cell = nn.LayerNorm(cfg.d_model), make_cell(cfg)
+        self.ln2, self.mlp = nn.LayerNorm(cfg.d_model), MLP(cfg)
+
+    def forward(self, x, state):
+        y, state = self.cell(self.ln1(x), state)
+        x = x + y
+        return x + self.mlp(self.ln2(x)), state
+
+
+class Model(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        _check_config(cfg)
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.apply(self._init)
+        for name, p in self.named_parameters():
+            # MLP residual writes scaled down with depth; the cell's output projection is not, as in the official code
+            if name.endswith("mlp.proj.weight"):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layers))
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def forward(self, x, state=None):
+        if state is None:
+            state = [None] * self.cfg.n_layers
+        elif len(state) != self.cfg.n_layers:
+            raise ValueError(f"state must hold one entry per layer ({self.cfg.n_layers}), got {len(state)}; "
+                             "pass the state this model returned, or None for zeros")
+        h = self.tok_emb(x) * math.sqrt(self.cfg.d_model)  # as in the official Languini code
+        new_state = []
+        for block, layer_state in zip(self.blocks, state):
+            h, layer_state = block(h, layer_state)
+            new_state.append(layer_state)
+        return self.head(self.ln_f(h)), new_state
+
+    def extra_flops(self, seq_len: int) -> int:
+        """The recurrence c_t = f_t * c_{t-1} + u_t of every layer at batch 1.
+
+        DeepSpeed's profiler counts linear layers, LayerNorm, GELU and torch.einsum/matmul calls. The
+        recurrence runs as a Triton kernel, a Python loop of elementwise ops, or the block-parallel form
+        built from cumprod, `*` and sum: none of which it sees. The LSTM's recurrent U h is an einsum it
+        does count, so only its elementwise cell update is added here.
+        """
+        return self.cfg.n_layers * scan_flops(1, seq_len, self.cfg.n_heads, self.cfg.d_head)
+
+
+def _check_config(cfg: ModelConfig):
+    if cfg.cell not in CELLS:
+        raise ValueError(f"cell must be one of {CELLS}, got {cfg.cell!r}")
+    if cfg.impl is not None and cfg.impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS} or None (triton on CUDA, block on CPU), got {cfg.impl!r}")
+    if cfg.block_len < 1:
+        raise ValueError(f"block_len must be a positive int, got {cfg.block_len}")
