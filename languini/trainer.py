@@ -92,6 +92,21 @@ def precision_for(device: torch.device, precision: str):
     return (lambda: torch.autocast(device.type, dtype=dtype)), scaler, precision
 
 
+def build_optimizers(model: torch.nn.Module, lr: float, device: torch.device):
+    """Adam (betas 0.9, 0.95) over the model's parameter groups, and the dense parameters (for clipping).
+
+    Groups marked "sparse" (memory values with row-sparse gradients) get a lazy SparseAdam: only rows read move.
+    """
+    groups = (model.optimizer_groups(lr) if hasattr(model, "optimizer_groups")
+              else [{"params": list(model.parameters()), "lr": lr}])
+    dense = [{k: v for k, v in g.items() if k != "sparse"} for g in groups if not g.get("sparse")]
+    sparse = [{k: v for k, v in g.items() if k != "sparse"} for g in groups if g.get("sparse")]
+    optimizers = [torch.optim.Adam(dense, lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")]
+    if sparse:
+        optimizers.append(torch.optim.SparseAdam(sparse, lr=lr, betas=(0.9, 0.95), eps=1e-8))
+    return optimizers, [p for g in dense for p in g["params"]]
+
+
 @dataclass
 class Dist:
     rank: int = 0
@@ -130,18 +145,9 @@ class Trainer:
 
         torch.manual_seed(tcfg.seed)
         self.model = model_cls(model_cfg).to(self.device)
-        groups = (self.model.optimizer_groups(tcfg.lr) if hasattr(self.model, "optimizer_groups")
-                  else [{"params": list(self.model.parameters()), "lr": tcfg.lr}])
-        # Groups marked "sparse" (memory values with row-sparse gradients) get a lazy Adam: only rows read move.
-        dense = [{k: v for k, v in g.items() if k != "sparse"} for g in groups if not g.get("sparse")]
-        sparse = [{k: v for k, v in g.items() if k != "sparse"} for g in groups if g.get("sparse")]
-        if sparse and self.ddp.world_size > 1:
+        self.optimizers, self.dense_params = build_optimizers(self.model, tcfg.lr, self.device)
+        if len(self.optimizers) > 1 and self.ddp.world_size > 1:
             raise ValueError("Row-sparse value gradients are single-process only; use --sparse_values false with DDP.")
-        self.optimizers = [torch.optim.Adam(dense, lr=tcfg.lr, betas=(0.9, 0.95), eps=1e-8,
-                                            fused=self.device.type == "cuda")]
-        if sparse:
-            self.optimizers.append(torch.optim.SparseAdam(sparse, lr=tcfg.lr, betas=(0.9, 0.95), eps=1e-8))
-        self.dense_params = [p for g in dense for p in g["params"]]
         warmup = min(tcfg.warmup_steps, max(total_steps // 10, 1))
         self.schedulers = [torch.optim.lr_scheduler.LambdaLR(
             opt, lambda s: lr_factor(s, total_steps, warmup, tcfg.final_lr_fraction)) for opt in self.optimizers]

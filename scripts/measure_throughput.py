@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from languini import flops, throughput
+from languini.trainer import build_optimizers, detach
 
 MIN_TIMED_STEPS = 10
 LEARNING_RATE = 6e-4  # the paper's GPT learning rate; the step time does not depend on it
@@ -70,17 +71,6 @@ def choose_precision(device: torch.device, requested: str) -> str:
     return requested
 
 
-def detach_state(state):
-    """Cut the graph between steps, as training does with a recurrent state."""
-    if isinstance(state, torch.Tensor):
-        return state.detach()
-    if isinstance(state, (list, tuple)):
-        return type(state)(detach_state(s) for s in state)
-    if isinstance(state, dict):
-        return {key: detach_state(value) for key, value in state.items()}
-    return state
-
-
 def measure_batch_size(
     model: torch.nn.Module,
     model_config,
@@ -92,8 +82,7 @@ def measure_batch_size(
     compile_model: bool,
 ) -> Measurement:
     """Median time of `steps` training steps after `warmup` untimed ones; tokens/s None on OOM."""
-    groups = model.optimizer_groups(LEARNING_RATE) if hasattr(model, "optimizer_groups") else model.parameters()
-    optimizer = torch.optim.Adam(groups, lr=LEARNING_RATE)
+    optimizers, _ = build_optimizers(model, LEARNING_RATE, device)  # exactly the trainer's optimiser step
     scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     autocast = torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
@@ -108,15 +97,16 @@ def measure_batch_size(
         with autocast:
             logits, state = forward(inputs, state)
             loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        if scaler is None:
-            loss.backward()
-            optimizer.step()
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
+        (loss if scaler is None else scaler.scale(loss)).backward()
+        for optimizer in optimizers:
+            if scaler is None:
+                optimizer.step()
+            else:
+                scaler.step(optimizer)
+            optimizer.zero_grad(set_to_none=True)
+        if scaler is not None:
             scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        return detach_state(state)
+        return detach(state)
 
     durations = []
     try:
@@ -144,7 +134,7 @@ def measure_batch_size(
         durations = []
     # Free this batch size's activations, gradients and Adam state before the next one.
     model.zero_grad(set_to_none=True)
-    del optimizer, scaler, forward
+    del optimizers, scaler, forward
     state = inputs = targets = tokens = None
     gc.collect()
     if not durations:
