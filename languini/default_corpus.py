@@ -15,7 +15,7 @@ from languini.books import BooksDataset
 
 VOCAB_SIZE = 2048
 SEED = 1234
-SPLITS = {"train": 40, "valid": 3, "test": 3, "ood_series": 3}
+SPLITS = {"train": 80, "valid": 3, "test": 3, "ood_series": 3}
 LABEL = "embedded default corpus (synthetic smoke-test data, not a benchmark)"
 
 FUNCTION_WORDS = ["the", "a", "of", "and", "to", "in", "with", "from", "under", "beyond", "near"]

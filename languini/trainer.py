@@ -239,13 +239,6 @@ class Trainer:
             total /= self.ddp.world_size
         return total.item()
 
-    def evaluate(self, split: str, slow: bool) -> dict:
-        books = self.dataset.books(split)
-        out = {"fast": self.evaluator.fast(self.model, books).as_dict()}
-        if slow:
-            out["slow"] = self.evaluator.slow(self.model, books, stateful=self.stateful).as_dict()
-        return out
-
     @property
     def stateful(self) -> bool:
         return any(s is not None for s in self.states)
@@ -284,7 +277,7 @@ class Trainer:
                     bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}",
                                     **({"mfu": f"{row['mfu']:.1%}"} if "mfu" in row else {}))
                 if self.step % eval_every == 0 and self.step < total:
-                    result = self.evaluate(self.eval_split, slow=False)["fast"]
+                    result = self.evaluator.fast(self.model, self.dataset.books(self.eval_split)).as_dict()
                     log.write({"event": "eval", **self.position(self.step), "split": self.eval_split,
                                "mode": "fast", **result})
                     bar.write(f"step {self.step}: {self.eval_split} normalised perplexity "
@@ -304,11 +297,13 @@ class Trainer:
         results = {"fast": {}, "slow": {}}
         memory_stats = {}
         for split in [s for s in self.dataset.splits if s != "train"]:
+            books = self.dataset.books(split)
             if hasattr(self.model, "reset_memory_stats"):
                 self.model.reset_memory_stats()
-            r = self.evaluate(split, slow=True)
-            if hasattr(self.model, "memory_stats"):
+            r = {"fast": self.evaluator.fast(self.model, books).as_dict()}
+            if hasattr(self.model, "memory_stats"):  # over the fast eval only: one pass over the split
                 memory_stats[split] = self.model.memory_stats()
+            r["slow"] = self.evaluator.slow(self.model, books, stateful=self.stateful).as_dict()
             for mode in ("fast", "slow"):
                 results[mode][split] = r[mode]
                 log.write({"event": "eval", **self.position(self.step), "split": split, "mode": mode, **r[mode]})

@@ -16,6 +16,8 @@ import os
 import time
 
 import torch
+
+from languini.flags import parse_bool
 from torch import nn
 
 from projects.qlstm.cell import MultiHeadLSTM, QuasiLSTM
@@ -127,7 +129,7 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
                         help="autocast dtype; bf16 on CUDA, fp32 on CPU by default")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the stack")
+    parser.add_argument("--compile", type=parse_bool, default=False, help="torch.compile the stack (true/false)")
     parser.add_argument("--device", default=None, help="cuda or cpu; cuda when available")
     args = parser.parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))

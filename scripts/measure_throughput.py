@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from languini import flops, throughput
+from languini.flags import parse_bool
 from languini.trainer import build_optimizers, detach
 
 MIN_TIMED_STEPS = 10
@@ -196,10 +197,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seq_len", type=int, help="override the config's sequence length")
     parser.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
                         help="auto: bf16 autocast where supported, fp16 + loss scaling on older GPUs, fp32 on CPU")
-    parser.add_argument("--compile", action="store_true", help="time the torch.compile'd model")
+    parser.add_argument("--compile", type=parse_bool, default=False, help="time the torch.compile'd model (true/false)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--max_batch_size", type=int, default=4096, help="largest batch size the sweep tries")
-    parser.add_argument("--no_save", action="store_true", help="print only; do not append to the registry")
+    parser.add_argument("--save", type=parse_bool, default=True, help="append the result to the registry (true/false)")
     args = parser.parse_args(argv)
     if args.steps < MIN_TIMED_STEPS:
         parser.error(f"--steps must be at least {MIN_TIMED_STEPS} so the median is stable")
@@ -276,7 +277,7 @@ def main(argv=None) -> throughput.ThroughputRow:
         source="measured",
         note=f"best of {len(fitted)} batch sizes" if args.sweep else "fixed batch size",
     )
-    if not args.no_save:
+    if args.save:
         registry = args.registry or throughput.registry_path(args.project)
         throughput.append_row(registry, row)
         print(f"appended to {registry}")

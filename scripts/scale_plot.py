@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from languini.compute_class import PAPER_COMPUTE_CLASSES, compute_class_seconds  # noqa: E402
+from languini.flags import parse_bool  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -210,7 +211,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--mode", choices=("fast", "slow"), default="slow", help="which eval (default slow, as the paper)")
     parser.add_argument("--split", default="test", help="eval split, e.g. test or an OOD split (default test)")
     parser.add_argument("--curves", action="store_true", help="draw learning curves from log.jsonl instead")
-    parser.add_argument("--all_runs", action="store_true", help="plot every run, not the best per compute class")
+    parser.add_argument("--all_runs", type=parse_bool, default=False,
+                        help="plot every run, not only the best per project and compute class (true/false)")
     return parser.parse_args(argv)
 
 

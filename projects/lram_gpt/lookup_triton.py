@@ -9,6 +9,8 @@ storing it and returns
     dL/dv_k   += f(|q - k|) g                      by atomics ("atomic") or, without atomics, by sorting the
                                                    (row, slot) pairs by memory index and summing each
                                                    index's segment ("segment").
+With sparse=True the value gradient is a sparse COO tensor holding only the rows read: the segment sums
+(unique sorted indices, one summed row each) written compactly instead of into a dense [N, m] table.
 The harmonic scale and the arg of theta stay in torch (memory.theta), so their gradients are autograd's.
 BLOCK_ROWS, SEGMENT_BLOCK and the default value_grad="atomic" are untuned: no GPU has timed them yet.
 """
@@ -172,13 +174,17 @@ def _backward_kernel(
 @triton.jit
 def _segment_sum_kernel(
     grad_out_ptr, weight_ptr, order_ptr, segment_start_ptr, segment_index_ptr, grad_values_ptr, M,
-    M_PAD: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr,
+    M_PAD: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr, COMPACT: tl.constexpr,
 ):
-    """grad_values[index] = sum of weight * grad_out over one memory index's run of sorted (row, slot) entries."""
+    """Sum of weight * grad_out over one memory index's run of sorted (row, slot) entries, stored at row
+    `index` of a dense gradient, or at row `segment` of a compact one (COMPACT)."""
     segment = tl.program_id(0)
     start = tl.load(segment_start_ptr + segment)
     end = tl.load(segment_start_ptr + segment + 1)
-    target = tl.load(segment_index_ptr + segment)
+    if COMPACT:
+        target = segment.to(tl.int64)
+    else:
+        target = tl.load(segment_index_ptr + segment)
     value_cols = tl.arange(0, M_PAD)
     acc = tl.zeros((M_PAD,), dtype=tl.float32)
     for first in range(start, end, BLOCK):
@@ -237,7 +243,7 @@ def _launch_args(q_rows, K, M):
 
 class _Interpolate(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, values, K, topk, value_grad):
+    def forward(ctx, q, values, K, topk, value_grad, sparse):
         q_rows = q.reshape(-1, DIM).to(torch.float32).contiguous()
         values_c = values.contiguous()
         M = values.shape[1]
@@ -246,7 +252,8 @@ class _Interpolate(torch.autograd.Function):
         _forward_kernel[grid](q_rows, values_c, out, out, out, *pointers, *scalars,
                               TOPK=topk, WRITE_OUTPUT=True, WRITE_LOOKUP=False, **meta)
         ctx.save_for_backward(q_rows, values_c)
-        ctx.K, ctx.topk, ctx.value_grad, ctx.q_shape, ctx.q_dtype = K, topk, value_grad, q.shape, q.dtype
+        ctx.K, ctx.topk, ctx.value_grad, ctx.sparse = K, topk, value_grad, sparse
+        ctx.q_shape, ctx.q_dtype = q.shape, q.dtype
         return out.view(*q.shape[:-1], M)
 
     @staticmethod
@@ -256,11 +263,12 @@ class _Interpolate(torch.autograd.Function):
         n_rows, M = q_rows.shape[0], values.shape[1]
         grad_rows = grad_out.reshape(n_rows, M).to(torch.float32).contiguous()
         need_q, need_values = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        atomic = need_values and ctx.value_grad == "atomic"
-        segment = need_values and ctx.value_grad == "segment"
+        segment = need_values and (ctx.value_grad == "segment" or ctx.sparse)
+        atomic = need_values and not segment
 
         grad_q = torch.empty_like(q_rows) if need_q else q_rows
-        grad_values = torch.zeros(values.shape, dtype=torch.float32, device=values.device) if need_values else None
+        dense = need_values and not ctx.sparse
+        grad_values = torch.zeros(values.shape, dtype=torch.float32, device=values.device) if dense else None
         index = torch.empty(n_rows * topk, dtype=torch.int64, device=q_rows.device) if segment else q_rows
         weight = torch.empty(n_rows * topk, dtype=torch.float32, device=q_rows.device) if segment else q_rows
         grid, pointers, scalars, meta = _launch_args(q_rows, K, M)
@@ -270,36 +278,49 @@ class _Interpolate(torch.autograd.Function):
                 *pointers, *scalars, TOPK=topk, GRAD_Q=need_q, GRAD_VALUES_ATOMIC=atomic, WRITE_LOOKUP=segment,
                 **meta)
         if segment:
-            _segment_sum(grad_rows, index, weight, grad_values, topk)
+            rows_read, sums = _segment_sum(grad_rows, index, weight, grad_values, topk)
+            if ctx.sparse:
+                grad_values = torch.sparse_coo_tensor(rows_read[None], sums.to(values.dtype), values.shape,
+                                                      is_coalesced=True, check_invariants=False)
         grad_q = grad_q.view(ctx.q_shape).to(ctx.q_dtype) if need_q else None
-        grad_values = grad_values.to(values.dtype) if need_values else None
-        return grad_q, grad_values, None, None, None
+        if dense:
+            grad_values = grad_values.to(values.dtype)
+        return grad_q, grad_values, None, None, None, None
 
 
 def _segment_sum(grad_rows, index, weight, grad_values, topk):
-    """Value gradient without atomics: sort (row, slot) entries by index, one program sums each index's run."""
+    """Value gradient without atomics: sort (row, slot) entries by index, one program sums each index's run.
+
+    Sums into the rows of grad_values [N, M]; with grad_values None into a new compact fp32 table [U, M].
+    Returns (the U unique memory indices read, in rising order; the table written).
+    """
     sorted_index, order = torch.sort(index, stable=True)
     segment_index, counts = torch.unique_consecutive(sorted_index, return_counts=True)
     segment_start = torch.zeros(counts.shape[0] + 1, dtype=torch.int64, device=index.device)
     segment_start[1:] = counts.cumsum(0)
-    M = grad_values.shape[1]
+    M = grad_rows.shape[1]
+    compact = grad_values is None
+    if compact:
+        grad_values = torch.empty(segment_index.shape[0], M, dtype=torch.float32, device=index.device)
     _segment_sum_kernel[(segment_index.shape[0],)](
         grad_rows, weight, order, segment_start, segment_index, grad_values, M,
-        M_PAD=triton.next_power_of_2(max(M, 1)), TOPK=topk, BLOCK=SEGMENT_BLOCK)
+        M_PAD=triton.next_power_of_2(max(M, 1)), TOPK=topk, BLOCK=SEGMENT_BLOCK, COMPACT=compact)
+    return segment_index, grad_values
 
 
 @torch.compiler.disable
 def interpolate_triton(q: torch.Tensor, values: torch.Tensor, K, topk: int = DEFAULT_TOPK,
-                       value_grad: str = "atomic") -> torch.Tensor:
+                       value_grad: str = "atomic", sparse: bool = False) -> torch.Tensor:
     """phi(q) for queries q [..., 8] from values [N, m] (fp32 or bf16); fp32 [..., m], differentiable in both.
 
-    value_grad picks how the value gradient is accumulated: "atomic" (atomic adds) or "segment"
-    (sort by memory index, then one sum per index, no atomics).
+    value_grad picks how a dense value gradient is accumulated: "atomic" (atomic adds) or "segment"
+    (sort by memory index, then one sum per index, no atomics). sparse=True makes the value gradient a
+    coalesced sparse COO tensor of the rows read (always by the segment sums), as nn.Embedding(sparse=True).
     """
     K = _check(q, K, topk, values)
     if value_grad not in VALUE_GRAD_METHODS:
         raise ValueError(f"value_grad must be one of {VALUE_GRAD_METHODS}, got {value_grad!r}")
-    return _Interpolate.apply(q, values, K, topk, value_grad)
+    return _Interpolate.apply(q, values, K, topk, value_grad, sparse)
 
 
 @torch.compiler.disable

@@ -10,6 +10,7 @@ import math
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from projects.lram_gpt import lattice
 from projects.lram_gpt.lattice import DEFAULT_TOPK, DIM, check_torus
@@ -38,20 +39,59 @@ def torus_query(z: torch.Tensor, K):
 
 
 def theta(z: torch.Tensor, values: torch.Tensor, K, topk: int = DEFAULT_TOPK, use_triton: bool | None = None,
-          value_grad: str = "atomic") -> torch.Tensor:
+          value_grad: str = "atomic", sparse_values: bool = False) -> torch.Tensor:
     """theta for heads z [..., 16] reading values [N, m] on the torus K: [..., m] in float32 (float64 for float64 z).
 
     use_triton: None picks the Triton kernel exactly when the values are on CUDA; True forces it (on CPU it
     runs under TRITON_INTERPRET=1); False forces the PyTorch reference. value_grad: see interpolate_triton.
+    sparse_values: the value gradient is a coalesced sparse COO tensor of the rows read, on either path.
     """
     scale, q = torus_query(z, K)
     if _triton_path(values, use_triton):
         from projects.lram_gpt.lookup_triton import interpolate_triton  # the reference path needs no Triton
 
-        phi = interpolate_triton(q, values, K, topk, value_grad)
+        phi = interpolate_triton(q, values, K, topk, value_grad, sparse_values)
+    elif sparse_values:
+        phi = interpolate_sparse_grad(q, values, K, topk)
     else:
         phi = lattice.interpolate(q, values, K, topk)
     return scale * phi.to(scale.dtype)
+
+
+class _GatherRows(torch.autograd.Function):
+    """values[rows] for unique rising rows; the gradient is the sparse COO tensor of those rows only."""
+
+    @staticmethod
+    def forward(ctx, values, rows):
+        ctx.save_for_backward(rows)
+        ctx.values_shape = values.shape
+        return values.index_select(0, rows)
+
+    @staticmethod
+    def backward(ctx, grad_rows):
+        (rows,) = ctx.saved_tensors
+        grad = torch.sparse_coo_tensor(rows[None], grad_rows, ctx.values_shape, is_coalesced=True,
+                                       check_invariants=False)
+        return grad, None
+
+
+@torch.compiler.disable  # data-dependent shapes and a sparse gradient: nothing for torch.compile to gain
+def interpolate_sparse_grad(q: torch.Tensor, values: torch.Tensor, K, topk: int = DEFAULT_TOPK) -> torch.Tensor:
+    """lattice.interpolate whose value gradient is a coalesced sparse COO tensor of the rows read (reference).
+
+    The rows read are gathered once into a small table and the weighted sum reads that table, so the
+    table's (dense) gradient already holds one summed row per memory index read.
+    """
+    if values.shape[0] != lattice.memory_size(K):
+        raise ValueError(f"values has {values.shape[0]} rows but the torus {tuple(K)} has {lattice.memory_size(K)}")
+    index, weight = lattice.lookup(q, K, topk)
+    rows_read, position = torch.unique(index, sorted=True, return_inverse=True)
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    # the cast after the gather makes the summed row gradients accumulate in dtype, not in bf16
+    table = _GatherRows.apply(values, rows_read).to(dtype)
+    read = F.embedding_bag(position.reshape(-1, topk), table, per_sample_weights=weight.reshape(-1, topk).to(dtype),
+                           mode="sum")
+    return read.view(*q.shape[:-1], values.shape[1])
 
 
 def _triton_path(tensor: torch.Tensor, use_triton: bool | None) -> bool:
@@ -69,11 +109,15 @@ class LRAMBlock(nn.Module):
     query_norm: "layer" (default) normalises each token over its own features, so no token sees another
     and the block stays causal; "batch" is the paper's batch norm (statistics over the batch and time, so
     later tokens change earlier outputs in a causal LM); "none" skips it.
+
+    sparse_values: the gradient of `values` is a coalesced sparse COO tensor holding only the rows read
+    (as nn.Embedding(sparse=True)), for a lazy optimiser such as torch.optim.SparseAdam. On the Triton
+    path it is always gathered by the segment sums, whatever value_grad says.
     """
 
     def __init__(self, d_model: int, memory_size: int | None = None, K=None, value_dim: int = 64,
                  topk: int = DEFAULT_TOPK, query_norm: str = "layer", use_triton: bool | None = None,
-                 value_grad: str = "atomic"):
+                 value_grad: str = "atomic", sparse_values: bool = False):
         super().__init__()
         if d_model % HEAD_INPUTS:
             raise ValueError(f"d_model must be a multiple of 16 (16 inputs per head), got {d_model}")
@@ -83,7 +127,7 @@ class LRAMBlock(nn.Module):
             raise ValueError(f"query_norm must be one of {QUERY_NORMS}, got {query_norm!r}")
         self.K = check_torus(K) if K is not None else lattice.torus_for_memory_size(memory_size)
         self.n_heads, self.value_dim, self.topk = d_model // HEAD_INPUTS, value_dim, topk
-        self.use_triton, self.value_grad = use_triton, value_grad
+        self.use_triton, self.value_grad, self.sparse_values = use_triton, value_grad, sparse_values
         self.query = nn.Linear(d_model, d_model)
         self.query_norm = {"layer": nn.LayerNorm(d_model), "batch": nn.BatchNorm1d(d_model),
                            "none": nn.Identity()}[query_norm]
@@ -113,7 +157,8 @@ class LRAMBlock(nn.Module):
         return z.view(*z.shape[:-1], self.n_heads, HEAD_INPUTS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        read = theta(self.heads(x), self.values, self.K, self.topk, self.use_triton, self.value_grad)
+        read = theta(self.heads(x), self.values, self.K, self.topk, self.use_triton, self.value_grad,
+                     self.sparse_values)
         return self.out(read.flatten(-2).to(x.dtype))
 
     @torch.no_grad()

@@ -86,7 +86,7 @@ def test_best_run_per_compute_class_and_the_split_option(scale_plot, tmp_path):
     fits = scale_plot.main([str(tmp_path), "--out", out, "--split", "java"])
     assert fits[0].runs == 2
     assert fits[0].slope == pytest.approx((2.10 - 2.20) / math.log(2))
-    assert scale_plot.main([str(tmp_path), "--out", out, "--split", "java", "--all_runs"])[0].runs == 3
+    assert scale_plot.main([str(tmp_path), "--out", out, "--split", "java", "--all_runs", "true"])[0].runs == 3
     with pytest.raises(SystemExit, match="no run has a slow eval on 'test'"):
         scale_plot.main([str(tmp_path), "--out", out])
     with pytest.raises(SystemExit, match="no run has a fast eval"):

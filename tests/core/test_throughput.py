@@ -270,7 +270,7 @@ def test_measure_rejects_too_few_steps_and_unknown_configs(toy_project, capsys):
         script.main([toy_project, "cpu", "--batch_size", "2", "--steps", "9"])
     assert "at least 10" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="choose one of"):
-        script.main([toy_project, "huge", "--batch_size", "2", "--no_save"])
+        script.main([toy_project, "huge", "--batch_size", "2", "--save", "false"])
 
 
 @pytest.mark.skipif(importlib.util.find_spec("projects.gpt.model") is None, reason="projects.gpt not present")

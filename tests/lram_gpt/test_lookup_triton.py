@@ -120,3 +120,20 @@ def test_bad_input_raises():
         interpolate_triton(torch.zeros(3, 8), values, SMALL, value_grad="scatter")
     with pytest.raises(ValueError):
         lookup_triton(torch.zeros(3, 6), SMALL)
+
+
+@pytest.mark.parametrize("K, n_rows, dtype", [(SMALL, 13, torch.float32), (ODD, 15, torch.bfloat16)])
+def test_sparse_value_gradient_matches_dense_and_reference(K, n_rows, dtype):
+    q = random_queries(n_rows, K, seed=8)
+    values = torch.randn(L.memory_size(K), 40, generator=torch.Generator().manual_seed(9)).to(dtype)
+    (_, _, gv_ref), (_, gq_dense, gv_dense) = reference_and_triton(q, values, K, "atomic")
+    q_s, v_s = q.clone().requires_grad_(), values.clone().requires_grad_()
+    grad_out = torch.randn(n_rows, 40, generator=torch.Generator().manual_seed(0))  # as reference_and_triton
+    interpolate_triton(q_s, v_s, K, value_grad="atomic", sparse=True).backward(grad_out)
+    assert v_s.grad.layout == torch.sparse_coo and v_s.grad.dtype == dtype
+    torch.testing.assert_close(q_s.grad, gq_dense, rtol=0, atol=0)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(v_s.grad.to_dense().float(), gv_ref, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(v_s.grad.to_dense(), gv_dense, atol=tolerance, rtol=tolerance)
+    rows = v_s.grad._indices()[0]
+    assert torch.equal(rows, L.lookup(q, K)[0].unique())  # unique and rising: one summed row per location read

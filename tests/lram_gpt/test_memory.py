@@ -167,3 +167,61 @@ def test_access_statistics_by_hand():
     assert uniform.result() == {"memory_usage": 1.0, "kl_from_uniform": 0.0}
     with pytest.raises(ValueError):
         MemoryAccessStats(3).result()
+
+
+# --- row-sparse value gradients ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("K, dtype", [(SMALL, torch.float64), ((8,) * 8, torch.float32), (SMALL, torch.bfloat16)])
+def test_sparse_value_gradient_is_the_dense_one_on_the_rows_read(K, dtype):
+    g = torch.Generator().manual_seed(6)
+    z = torch.randn(3, 5, 2, 16, generator=g, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+    values = torch.randn(L.memory_size(K), 6, generator=g).to(dtype)
+    upstream = torch.randn(3, 5, 2, 6, generator=g, dtype=z.dtype)
+    results = []
+    for sparse in (False, True):
+        z_, v_ = z.clone().requires_grad_(), values.clone().requires_grad_()
+        out = theta(z_, v_, K, use_triton=False, sparse_values=sparse)
+        out.backward(upstream)
+        results.append((out, z_.grad, v_.grad))
+    (out, grad_z, grad_v), (out_s, grad_z_s, grad_v_s) = results
+    assert grad_v_s.layout == torch.sparse_coo and grad_v_s.dtype == dtype
+    torch.testing.assert_close(out_s, out, rtol=0, atol=0)
+    torch.testing.assert_close(grad_z_s, grad_z, rtol=0, atol=0)
+    atol = 1e-2 if dtype == torch.bfloat16 else 1e-12  # both sum in fp32, the sparse one in another order
+    torch.testing.assert_close(grad_v_s.to_dense().double(), grad_v.double(), rtol=atol, atol=atol)
+    # coalesced: one row per memory location read, each location once
+    rows = grad_v_s._indices()[0]
+    _, q = torus_query(z, K)
+    read = L.lookup(q, K)[0].unique()
+    assert torch.equal(rows.sort().values, read) and rows.unique().numel() == rows.numel()
+
+
+@pytest.mark.parametrize("use_triton", [False, True])
+def test_sparse_adam_step_changes_only_rows_read(use_triton):
+    torch.manual_seed(7)
+    block = LRAMBlock(32, memory_size=2 ** 12, sparse_values=True, use_triton=use_triton)
+    x = torch.randn(1, 3, 32)
+    index, _ = block.read_locations(x)
+    before = block.values.detach().clone()
+    block(x).square().sum().backward()
+    assert block.values.grad.layout == torch.sparse_coo
+    torch.optim.SparseAdam(block.value_parameters(), lr=1e-2).step()
+    changed = (block.values.detach() != before).any(dim=1).nonzero().flatten()
+    assert torch.equal(changed, index.unique())
+    assert changed.numel() < 3 * 2 * 32 < block.memory_size  # a few rows of many
+
+
+@pytest.mark.parametrize("use_triton", [False, True])
+def test_sparse_values_under_torch_compile(use_triton):
+    torch.manual_seed(8)
+    block = LRAMBlock(16, memory_size=256, use_triton=use_triton, sparse_values=True)
+    x = torch.randn(1, 5, 16)
+    expected = block(x)
+    expected.sum().backward()
+    eager_grad = block.values.grad.to_dense()
+    block.values.grad = None
+    out = torch.compile(block, backend="eager")(x)
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    assert block.values.grad.layout == torch.sparse_coo
+    torch.testing.assert_close(block.values.grad.to_dense(), eager_grad)

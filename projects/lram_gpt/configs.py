@@ -1,0 +1,69 @@
+"""GPT sizes with one MLP replaced by the E8 lattice memory (LRAM), crossed with memory sizes; compute classes.
+
+"<size>_m<e>" is a GPT size (Languini paper, Table 4) whose memory holds 2^e locations of 64 values each,
+for e in MEMORY_EXPONENTS; the plain "<size>" has DEFAULT_MEMORY_SIZE = 2^20 locations, the memory of the
+LRAM paper's LRAM-medium (Table 2), its smallest memory that beat the baseline. The torus periods K follow
+from the size (lattice.torus_for_memory_size).
+"""
+from dataclasses import dataclass, replace
+
+DEFAULT_MEMORY_SIZE = 2 ** 20
+MEMORY_EXPONENTS = range(16, 27)  # the issue's 2^16 .. 2^24 and beyond; the paper's largest is 2^22
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 16384
+    seq_len: int = 512  # length of the learned position table
+    d_model: int = 768  # a multiple of 16: the memory reads one head per 16 features
+    n_layers: int = 12
+    n_heads: int = 12
+    d_head: int = 64  # attention width is n_heads * d_head, which differs from d_model for mini
+    mlp_ratio: int = 4
+    # Index (from 0) of the block whose MLP the memory replaces; None: (2 * n_layers - 1) // 3, the last
+    # block of the first two thirds, which is the LRAM paper's 4th of 6 layers.
+    memory_layer: int | None = None
+    memory_size: int = DEFAULT_MEMORY_SIZE  # memory locations N, a power of two >= 256
+    memory_value_dim: int = 64  # m, values per location; the paper's 64 gives the 4w read of section 3.1
+    memory_topk: int = 32  # lattice points read per head (paper 2.6)
+    memory_query_norm: str = "layer"  # layer (causal), batch (the paper's; not causal) or none
+    memory_value_grad: str = "atomic"  # Triton value-gradient reduction: atomic or segment
+    sparse_values: bool = False  # value gradient as sparse rows, for a lazy (SparseAdam) optimiser group
+    value_lr_multiplier: float = 10.0  # the value table's learning rate over the rest's (LRAM paper 3.2)
+
+
+_GPT_SIZES = {
+    "mini": ModelConfig(d_model=512, n_layers=4, n_heads=8, d_head=32),
+    "tiny": ModelConfig(d_model=768, n_layers=4, n_heads=12, d_head=64),
+    "small": ModelConfig(d_model=768, n_layers=12, n_heads=12, d_head=64),
+    # Table 4 prints 12 layers for medium, but its 336.4M parameters (and GPT-2 medium) need 24.
+    "medium": ModelConfig(d_model=1024, n_layers=24, n_heads=16, d_head=64),
+    "large": ModelConfig(d_model=1536, n_layers=24, n_heads=16, d_head=96),
+    "XL": ModelConfig(d_model=2048, n_layers=24, n_heads=24, d_head=128),
+}
+
+SIZES = {
+    **_GPT_SIZES,
+    **{f"{name}_m{e}": replace(cfg, memory_size=2 ** e) for name, cfg in _GPT_SIZES.items() for e in MEMORY_EXPONENTS},
+    # Sized for a smoke test on 2 CPU cores with the embedded default corpus; not a paper config.
+    "cpu": ModelConfig(vocab_size=2048, seq_len=128, d_model=128, n_layers=2, n_heads=4, d_head=32,
+                       memory_size=2 ** 12),
+}
+
+# The GPT baseline's best model size and batch per compute class (Languini paper, Table 6), with the default
+# memory, so that the memory is compared with the GPT at equal reference-hardware time.
+COMPUTE_CLASSES = {
+    "6h": {"config": "small", "batch_size": 128},
+    "12h": {"config": "small", "batch_size": 128},
+    "24h": {"config": "small", "batch_size": 256},
+    "48h": {"config": "medium", "batch_size": 256},
+    "96h": {"config": "medium", "batch_size": 256},
+}
+
+
+def get(name: str, **overrides) -> ModelConfig:
+    if name not in SIZES:
+        raise ValueError(f"Unknown lram_gpt config '{name}'; choose one of {', '.join(_GPT_SIZES)} or cpu, or a "
+                         f"size with 2^e memory locations as <size>_m<e>, e from {MEMORY_EXPONENTS.start} to "
+                         f"{MEMORY_EXPONENTS.stop - 1} (e.g. small_m22).")
+    return replace(SIZES[name], **overrides)

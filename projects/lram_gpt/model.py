@@ -1,0 +1,170 @@
+"""The GPT of projects/gpt (copied) with one block's MLP replaced by the E8 lattice memory (Goucher & Troll, 3.1).
+
+The memory sub-network (memory.LRAMBlock: affine w -> w, query norm, theta with w/16 heads of 64 values,
+affine 4w -> w) writes to the residual stream as the MLP it replaces. Its value table keeps its own init and
+trains at `value_lr_multiplier` x the learning rate (optimizer_groups), as in the LRAM paper (3.2).
+
+FLOPs: DeepSpeed's profiler sees the memory's two affine maps and its query norm, but nothing of theta
+(the lookup is elementwise torch ops or a Triton kernel; the weighted sum an embedding bag or the kernel),
+so extra_flops adds theta analytically, per token and head:
+    64                  the torus query: 8 x (re^2 + im^2, sqrt, 1/|z|, atan2, x K_i/(2 pi)) + the harmonic sum
+  + 232 * 8 * 3         squared distances to the 232 candidate points near the fundamental region
+  + 4 * topk            kernel weights (1 - d^2/8)^4 of the points kept
+  + 2 * topk * m        the weighted sum of the topk value rows
+  + m                   the harmonic scale times the read
+with 1 FLOP per elementary function; rounding, comparisons, the sort and the top-k selection count none.
+For topk = 32 and m = 64: 9920 FLOPs per token and head.
+"""
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from projects.lram_gpt.configs import ModelConfig
+from projects.lram_gpt.lattice import DIM, FUNDAMENTAL_POINTS
+from projects.lram_gpt.memory import LRAMBlock, MemoryAccessStats
+
+TORUS_QUERY_FLOPS = DIM * 7 + DIM
+
+
+def theta_flops(tokens: int, heads: int, topk: int, value_dim: int) -> int:
+    """Forward FLOPs of theta for `tokens` tokens of `heads` heads (the formula in the module docstring)."""
+    candidates = FUNDAMENTAL_POINTS.shape[0]
+    per_head = TORUS_QUERY_FLOPS + candidates * DIM * 3 + 4 * topk + 2 * topk * value_dim + value_dim
+    return tokens * heads * per_head
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.d_head = cfg.n_heads, cfg.d_head
+        inner = cfg.n_heads * cfg.d_head
+        self.qkv = nn.Linear(cfg.d_model, 3 * inner)
+        self.proj = nn.Linear(inner, cfg.d_model)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model)
+        self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm block; its feed-forward part `ff` is an MLP or the lattice memory."""
+
+    def __init__(self, cfg: ModelConfig, ff: nn.Module):
+        super().__init__()
+        self.ln1, self.attn = nn.LayerNorm(cfg.d_model), Attention(cfg)
+        self.ln2, self.ff = nn.LayerNorm(cfg.d_model), ff
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.ff(self.ln2(x))
+
+
+def memory_layer_index(cfg: ModelConfig) -> int:
+    """The block holding the memory: cfg.memory_layer, or by default the last of the first two thirds."""
+    index = (2 * cfg.n_layers - 1) // 3 if cfg.memory_layer is None else cfg.memory_layer
+    if not 0 <= index < cfg.n_layers:
+        raise ValueError(f"memory_layer must be in [0, n_layers={cfg.n_layers}), got {index}; "
+                         f"use --memory_layer N counting blocks from 0.")
+    return index
+
+
+def lram_block(cfg: ModelConfig) -> LRAMBlock:
+    return LRAMBlock(cfg.d_model, memory_size=cfg.memory_size, value_dim=cfg.memory_value_dim, topk=cfg.memory_topk,
+                     query_norm=cfg.memory_query_norm, value_grad=cfg.memory_value_grad,
+                     sparse_values=cfg.sparse_values)
+
+
+class Model(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.memory_layer = memory_layer_index(cfg)
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, lram_block(cfg) if i == self.memory_layer else MLP(cfg))
+                                    for i in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.apply(self._init)
+        for block in self.blocks:  # GPT-2: residual writes scaled down with depth
+            residual_write = block.ff.out if block.ff is self.memory else block.ff.proj
+            for proj in (block.attn.proj, residual_write):
+                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
+        self.memory.reset_values()  # the memory's own value init, not the GPT's
+        self.access_stats: MemoryAccessStats | None = None  # collected in eval mode after reset_memory_stats
+        self.memory.register_forward_pre_hook(self._record_reads)
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    @property
+    def memory(self) -> LRAMBlock:
+        return self.blocks[self.memory_layer].ff
+
+    def forward(self, x, state=None):
+        T = x.shape[1]
+        if T > self.cfg.seq_len:
+            raise ValueError(f"Sequence length {T} exceeds the position table ({self.cfg.seq_len}); "
+                             f"use --seq_len {T} or shorter sequences.")
+        h = self.tok_emb(x) + self.pos_emb(torch.arange(T, device=x.device))
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.ln_f(h)), None
+
+    def optimizer_groups(self, lr: float) -> list[dict]:
+        """The value table at value_lr_multiplier x lr, everything else at lr; with sparse_values the value
+        group is marked "sparse" for a lazy optimiser (torch.optim.SparseAdam: only rows read are updated)."""
+        values = self.memory.value_parameters()
+        value_ids = {id(p) for p in values}
+        rest = [p for p in self.parameters() if id(p) not in value_ids]
+        value_group = {"params": values, "lr": lr * self.cfg.value_lr_multiplier}
+        if self.cfg.sparse_values:
+            value_group["sparse"] = True
+        return [{"params": rest, "lr": lr}, value_group]
+
+    def extra_flops(self, seq_len: int) -> int:
+        """Forward FLOPs at batch 1 that DeepSpeed's profiler misses: theta (see the module docstring)."""
+        memory = self.memory
+        return theta_flops(seq_len, memory.n_heads, memory.topk, memory.value_dim)
+
+    # -- memory statistics (LRAM paper, Table 5) ---------------------------------------------------------
+    def _record_reads(self, memory: LRAMBlock, args) -> None:
+        if self.access_stats is not None and not memory.training:
+            self.access_stats.update(*memory.read_locations(args[0]))
+
+    def reset_memory_stats(self) -> None:
+        """Start recording the memory reads of every forward pass in eval mode until the next reset."""
+        self.access_stats = MemoryAccessStats(self.memory.memory_size)
+
+    def memory_stats(self) -> dict:
+        """Share of memory locations read and KL (nats) of the weighted reads from uniform since
+        reset_memory_stats, over all processes when running distributed."""
+        if self.access_stats is None:
+            raise ValueError("memory_stats() needs reset_memory_stats() and an eval-mode forward pass first.")
+        stats = self.access_stats
+        if dist.is_available() and dist.is_initialized():
+            merged = MemoryAccessStats(stats.memory_size)
+            # a copy, so that asking twice does not sum twice; a process that saw no tokens holds it on the CPU
+            merged.weight = stats.weight.to(self.memory.values.device, copy=True)
+            dist.all_reduce(merged.weight)
+            stats = merged
+        return stats.result()

@@ -1,0 +1,67 @@
+"""GPT sizes with one MLP replaced by a product-key memory, and the compute classes of the GPT baseline.
+
+Every GPT size (Languini paper, Table 4) carries the LRAM paper's PKM (8 heads, N = 2^16 values of the
+model width, key dimension 64, knn 32); "<size>_xlm" carries XLM's defaults (4 heads, k_dim 256, knn 32,
+N = 512^2) instead.
+"""
+from dataclasses import dataclass, replace
+
+from projects.pkm_gpt.pkm import LRAM_PAPER_PKM, XLM_PKM
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 16384
+    seq_len: int = 512  # length of the learned position table
+    d_model: int = 768
+    n_layers: int = 12
+    n_heads: int = 12
+    d_head: int = 64  # attention width is n_heads * d_head, which differs from d_model for mini
+    mlp_ratio: int = 4
+    # Index (from 0) of the block whose MLP the memory replaces; None: (2 * n_layers - 1) // 3, the last
+    # block of the first two thirds, which is the LRAM paper's 4th of 6 layers.
+    memory_layer: int | None = None
+    pkm_heads: int = LRAM_PAPER_PKM.heads
+    pkm_k_dim: int = LRAM_PAPER_PKM.k_dim
+    pkm_n_keys: int = LRAM_PAPER_PKM.n_keys  # the memory has pkm_n_keys ** 2 values of width d_model
+    pkm_knn: int = LRAM_PAPER_PKM.knn
+    pkm_query_norm: str = LRAM_PAPER_PKM.query_norm  # layernorm (causal), batchnorm (not causal) or none
+    pkm_value_grad: str = LRAM_PAPER_PKM.value_grad  # Triton value-gradient kernel: atomic or sorted
+    value_lr_multiplier: float = 10.0  # the value table's learning rate over the rest's (LRAM paper: 10x)
+
+
+_XLM = dict(pkm_heads=XLM_PKM.heads, pkm_k_dim=XLM_PKM.k_dim, pkm_n_keys=XLM_PKM.n_keys, pkm_knn=XLM_PKM.knn)
+
+_GPT_SIZES = {
+    "mini": ModelConfig(d_model=512, n_layers=4, n_heads=8, d_head=32),
+    "tiny": ModelConfig(d_model=768, n_layers=4, n_heads=12, d_head=64),
+    "small": ModelConfig(d_model=768, n_layers=12, n_heads=12, d_head=64),
+    # Table 4 prints 12 layers for medium, but its 336.4M parameters (and GPT-2 medium) need 24.
+    "medium": ModelConfig(d_model=1024, n_layers=24, n_heads=16, d_head=64),
+    "large": ModelConfig(d_model=1536, n_layers=24, n_heads=16, d_head=96),
+    "XL": ModelConfig(d_model=2048, n_layers=24, n_heads=24, d_head=128),
+}
+
+SIZES = {
+    **_GPT_SIZES,
+    **{f"{name}_xlm": replace(cfg, **_XLM) for name, cfg in _GPT_SIZES.items()},
+    # Sized for a smoke test on 2 CPU cores with the embedded default corpus; not a paper config.
+    "cpu": ModelConfig(vocab_size=2048, seq_len=128, d_model=128, n_layers=2, n_heads=4, d_head=32,
+                       pkm_heads=4, pkm_k_dim=32, pkm_n_keys=32, pkm_knn=8),
+}
+
+# The GPT baseline's best model size and batch per compute class (Languini paper, Table 6), so that the
+# memory is compared with the GPT at equal reference-hardware time.
+COMPUTE_CLASSES = {
+    "6h": {"config": "small", "batch_size": 128},
+    "12h": {"config": "small", "batch_size": 128},
+    "24h": {"config": "small", "batch_size": 256},
+    "48h": {"config": "medium", "batch_size": 256},
+    "96h": {"config": "medium", "batch_size": 256},
+}
+
+
+def get(name: str, **overrides) -> ModelConfig:
+    if name not in SIZES:
+        raise ValueError(f"Unknown pkm_gpt config '{name}'; choose one of {', '.join(SIZES)}.")
+    return replace(SIZES[name], **overrides)

@@ -1,0 +1,148 @@
+"""The GPT of projects/gpt (copied) with one block's MLP replaced by a product-key memory (Lample et al. 2019).
+
+The memory maps d_model -> d_model and writes to the residual stream as the MLP it replaces. Its value table
+trains at `value_lr_multiplier` x the learning rate (see `optimizer_groups`), as in the LRAM paper.
+"""
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from projects.pkm_gpt.configs import ModelConfig
+from projects.pkm_gpt.pkm import MemoryUsage, ProductKeyMemory, pkm_flops
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.d_head = cfg.n_heads, cfg.d_head
+        inner = cfg.n_heads * cfg.d_head
+        self.qkv = nn.Linear(cfg.d_model, 3 * inner)
+        self.proj = nn.Linear(inner, cfg.d_model)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model)
+        self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))  # GPT-2's GELU
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm block; its feed-forward part `ff` is an MLP or the product-key memory."""
+
+    def __init__(self, cfg: ModelConfig, ff: nn.Module):
+        super().__init__()
+        self.ln1, self.attn = nn.LayerNorm(cfg.d_model), Attention(cfg)
+        self.ln2, self.ff = nn.LayerNorm(cfg.d_model), ff
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.ff(self.ln2(x))
+
+
+def memory_layer_index(cfg: ModelConfig) -> int:
+    """The block holding the memory: cfg.memory_layer, or by default the last of the first two thirds."""
+    index = (2 * cfg.n_layers - 1) // 3 if cfg.memory_layer is None else cfg.memory_layer
+    if not 0 <= index < cfg.n_layers:
+        raise ValueError(f"memory_layer must be in [0, n_layers={cfg.n_layers}), got {index}; "
+                         f"use --memory_layer N counting blocks from 0.")
+    return index
+
+
+class Model(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.memory_layer = memory_layer_index(cfg)
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.blocks = nn.ModuleList(
+            Block(cfg, ProductKeyMemory(cfg.d_model, heads=cfg.pkm_heads, k_dim=cfg.pkm_k_dim,
+                                        n_keys=cfg.pkm_n_keys, knn=cfg.pkm_knn, query_norm=cfg.pkm_query_norm,
+                                        value_grad=cfg.pkm_value_grad)
+                  if i == self.memory_layer else MLP(cfg))
+            for i in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.apply(self._init)
+        for block in self.blocks:  # GPT-2: the MLP's residual write is scaled down with depth
+            if isinstance(block.ff, MLP):
+                nn.init.normal_(block.ff.proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
+        self.memory.reset_memory_parameters()  # XLM's sub-key and value init, not the GPT's
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    @property
+    def memory(self) -> ProductKeyMemory:
+        return self.blocks[self.memory_layer].ff
+
+    def forward(self, x, state=None):
+        T = x.shape[1]
+        if T > self.cfg.seq_len:
+            raise ValueError(f"Sequence length {T} exceeds the position table ({self.cfg.seq_len}); "
+                             f"use --seq_len {T} or shorter sequences.")
+        # Token embeddings scaled by sqrt(d_model), as in the official Languini code the paper's numbers come from.
+        h = self.tok_emb(x) * math.sqrt(self.cfg.d_model) + self.pos_emb(torch.arange(T, device=x.device))
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.ln_f(h)), None
+
+    def optimizer_groups(self, lr: float) -> list[dict]:
+        """The value table at value_lr_multiplier x lr, everything else at lr."""
+        value_ids = {id(p) for p in self.memory.value_parameters()}
+        rest = [p for p in self.parameters() if id(p) not in value_ids]
+        return [{"params": rest, "lr": lr},
+                {"params": self.memory.value_parameters(), "lr": lr * self.cfg.value_lr_multiplier}]
+
+    def extra_flops(self, seq_len: int) -> int:
+        """Forward FLOPs at batch 1 that DeepSpeed's profiler misses: the candidate-score sums and the
+        embedding bag (the query projection and the half-key scores are matmuls it counts)."""
+        cfg = self.cfg
+        parts = pkm_flops(seq_len, cfg.d_model, heads=cfg.pkm_heads, k_dim=cfg.pkm_k_dim, n_keys=cfg.pkm_n_keys,
+                          knn=cfg.pkm_knn)
+        return parts["candidate_sums"] + parts["embedding_bag"]
+
+    def reset_memory_stats(self) -> None:
+        """Start collecting value-table accesses in every forward until the next reset."""
+        self.memory.usage = MemoryUsage(self.memory.num_values)
+
+    def memory_stats(self) -> dict:
+        """Share of value rows accessed and KL of the weighted accesses from uniform since reset_memory_stats
+        (LRAM paper Table 5); when running distributed, over all processes, so every process must call it."""
+        usage = self.memory.usage
+        if usage is None:
+            raise ValueError("memory_stats() needs reset_memory_stats() and a forward pass first.")
+        if dist.is_available() and dist.is_initialized():
+            usage = _all_processes(usage, self.memory.values.device)
+        return usage.result()
+
+
+def _all_processes(usage: MemoryUsage, device: torch.device) -> MemoryUsage:
+    """The accesses of every process summed into one MemoryUsage (a process may have seen no tokens)."""
+    weighted_counts = torch.zeros(usage.num_rows, dtype=torch.float64, device=device)
+    accessed_counts = torch.zeros(usage.num_rows, dtype=torch.int32, device=device)
+    if usage.accessed is not None:
+        weighted_counts += usage.weighted_counts
+        accessed_counts += usage.accessed.int()
+    dist.all_reduce(weighted_counts)
+    dist.all_reduce(accessed_counts)
+    merged = MemoryUsage(usage.num_rows)
+    merged.weighted_counts, merged.accessed = weighted_counts, accessed_counts > 0
+    return merged

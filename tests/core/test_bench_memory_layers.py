@@ -1,0 +1,133 @@
+"""scripts/bench_memory_layers.py: size choice against hand-counted parameters, parsing, the goal checklist,
+and a tiny CPU run that writes the report, the CSV and the PNG. No timing is asserted."""
+import csv
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_memory_layers", REPO / "scripts" / "bench_memory_layers.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+# Hand counts at width 32.
+# dense: 32*128 + 128 + 128*32 + 32 = 8352.
+# LRAM: query 32*32 + 32, layer norm 2*32, out (2 heads * 64)*32 + 32, so 5248 + 64 N.
+# PKM (8 heads, k_dim 64, v_dim 32): query 32*512 + 512, layer norm 2*512, sub-keys 8*2*n*32, values n^2*32,
+#   so 17920 + 512 n + 32 n^2: n = 32 gives 67072, n = 52 gives 131072 = 2^17 exactly.
+@pytest.mark.parametrize("layer, width, target, size, params", [
+    ("dense", 32, None, None, 8352),
+    ("lram", 32, 2**15, 2**9, 5248 + 64 * 2**9),
+    ("lram", 32, 2**16, 2**10, 5248 + 64 * 2**10),
+    ("pkm", 32, 2**16, 32, 67072),
+    ("pkm", 32, 2**17, 52, 131072),
+    # w = 2048: LRAM's dense weights 2048*2048 + 2048 + 2*2048 + 8192*2048 + 2048 = 20979712, N = 256 adds 16384:
+    # 2^24.32, within half an octave of 2^24
+    ("lram", 2048, 2**24, 256, 20979712 + 64 * 256),
+])
+def test_size_choice_matches_hand_counts(bench, layer, width, target, size, params):
+    if target is not None:
+        assert bench.choose_size(layer, width, target) == size
+    assert bench.parameter_count(layer, width, size) == params
+
+
+@pytest.mark.parametrize("layer, width, target", [
+    ("pkm", 32, 2**15),  # the smallest PKM (n_keys = knn = 32) has 67072 > 2^15.5 parameters
+    ("lram", 4096, 2**24),  # LRAM's dense weights alone have about 5 * 4096^2 = 2^26.3
+])
+def test_unreachable_targets_are_refused(bench, layer, width, target):
+    assert bench.choose_size(layer, width, target) is None
+
+
+def test_parse_params(bench):
+    assert bench.parse_params("2^20..2^23") == [2**20, 2**21, 2**22, 2**23]
+    assert bench.parse_params("2^24,1000") == [1000, 2**24]
+    for bad in ("3..8", "2^x", "0", "2^10..2^8"):
+        with pytest.raises(Exception, match="parameter count|range|positive"):
+            bench.parse_params(bad)
+
+
+@pytest.mark.parametrize("name, gbps", [
+    ("NVIDIA H100 80GB HBM3", 3350), ("NVIDIA H100 PCIe", 2000), ("NVIDIA H200", 4800),
+    ("NVIDIA A100-SXM4-80GB", 2000), ("NVIDIA A100-PCIE-40GB", 1555), ("NVIDIA GeForce RTX 3090", 936),
+    ("NVIDIA GeForce RTX 4090", 1008), ("NVIDIA GeForce RTX 3090 Ti", None), ("NVIDIA H100 NVL", None),
+])
+def test_hbm_spec_table(bench, name, gbps):
+    assert bench.hbm_spec_gbps(name) == gbps
+
+
+def synthetic_results(bench, pkm_at_2_24, lram_flat_max, lram_at_4096, dense_at_4096):
+    """Forward seconds per token made up for the checklist: LRAM at w=512 over 2^20..2^28."""
+    Measurement = bench.Measurement
+    lram_times = [1.0] * 8 + [lram_flat_max]
+    results = [Measurement("LRAM", 512, f"N=2^{e - 6}", 2**e, 2**e, fwd=t) for e, t in zip(range(20, 29), lram_times)]
+    results.append(Measurement("PKM", 512, "n_keys=181", 2**24, 2**24, fwd=pkm_at_2_24))
+    results.append(Measurement("dense MLP", 4096, "-", 8 * 4096**2, fwd=dense_at_4096))
+    results.append(Measurement("LRAM", 4096, "N=2^20", 2**27, 2**27, fwd=lram_at_4096))
+    return results
+
+
+def test_goals_met(bench):
+    lines = bench.evaluate_goals(synthetic_results(bench, pkm_at_2_24=3.5, lram_flat_max=1.4,
+                                                   lram_at_4096=1.0, dense_at_4096=2.0))
+    assert [line[:3] for line in lines] == ["[x]"] * 3
+    assert "PKM/LRAM 3.50" in lines[0] and "1.40" in lines[1] and "2.00" in lines[2]
+
+
+def test_goals_missed(bench):
+    lines = bench.evaluate_goals(synthetic_results(bench, pkm_at_2_24=2.9, lram_flat_max=1.6,
+                                                   lram_at_4096=2.5, dense_at_4096=2.0))
+    assert [line[:3] for line in lines] == ["[ ]"] * 3
+
+
+def test_goals_without_numbers_are_not_judged(bench):
+    only_dense = [bench.Measurement("dense MLP", 4096, "-", 8 * 4096**2, fwd=1.0)]
+    assert [line[:3] for line in bench.evaluate_goals(only_dense)] == ["[?]"] * 3
+
+
+def test_cpu_smoke_run_writes_report_csv_and_png(bench, tmp_path, capsys):
+    argv = ["--device", "cpu", "--widths", "32", "--params", "2^15..2^17", "--tokens", "8",
+            "--repeats", "2", "--warmup", "1", "--out", str(tmp_path)]
+    bench.main(argv)
+    printed = capsys.readouterr().out
+    assert "not judged: the goals are GPU goals" in printed
+    assert "PKM w=32: no memory size within a factor sqrt(2) of 2^15.0" in printed
+
+    (report,), (table,), (figure,) = (list(tmp_path.glob(f"*.{ext}")) for ext in ("txt", "csv", "png"))
+    assert "fwd+bwd rev-idx" in report.read_text() and "of HBM" in report.read_text()
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = list(csv.DictReader(table.open()))
+    assert {r["device"][:3] for r in rows} == {"CPU"} and {r["torch"] for r in rows} == {torch.__version__}
+    assert "--widths 32" in rows[0]["command"] and rows[0]["date"]
+    assert [(r["layer"], int(r["params"])) for r in rows] == [
+        ("dense MLP", 8352), ("LRAM", 5248 + 64 * 2**9), ("LRAM", 5248 + 64 * 2**10), ("LRAM", 5248 + 64 * 2**11),
+        ("PKM", 67072), ("PKM", 131072)]
+    for r in rows:
+        assert r["status"] == "ok"
+        for column in ("fwd_us_per_token", "fwd_bwd_us_per_token", "step_adam_us_per_token"):
+            assert float(r[column]) > 0
+        assert 0 < float(r["adam_share"]) < 1
+        assert r["fwd_bwd_reverse_index_us_per_token"] == ""  # the CPU runs the references: no kernel variants
+        assert r["lookup_hbm_fraction"] == ""
+        assert (r["lookup_gbps"] != "") == (r["layer"] == "LRAM")
+        layer_key = {"dense MLP": "dense", "LRAM": "lram", "PKM": "pkm"}[r["layer"]]
+        has_sparse_step = layer_key != "dense" and bench.LAYERS[layer_key].supports_sparse_values
+        assert (r["step_sparse_us_per_token"] != "") == has_sparse_step
+
+
+def test_cuda_request_without_cuda_is_refused(bench, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cuda", "--out", str(tmp_path)])

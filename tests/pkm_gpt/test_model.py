@@ -1,0 +1,195 @@
+"""The GPT with a product-key memory: contract, causality, parameter count, learning rates, FLOPs, memory stats,
+and one end-to-end run of the trainer."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from languini import experiment, flops
+from projects.pkm_gpt import configs
+from projects.pkm_gpt.model import MLP, Model
+from projects.pkm_gpt.pkm import ProductKeyMemory
+
+# 3 blocks, 4 x 4 = 16 values of width 24, so that every test builds the model in milliseconds.
+TINY = dict(vocab_size=50, seq_len=16, d_model=24, n_layers=3, n_heads=2, d_head=8, mlp_ratio=2,
+            pkm_heads=2, pkm_k_dim=6, pkm_n_keys=4, pkm_knn=3)
+
+
+def tiny_model(seed=0, **overrides):
+    torch.manual_seed(seed)
+    return Model(configs.ModelConfig(**{**TINY, **overrides}))
+
+
+def gpt_parameters(V, S, d, L, H, d_head, r):
+    """GPT-2 style decoder with learned positions, untied output layer, biases in every linear but the head."""
+    inner = H * d_head
+    attention = d * 3 * inner + 3 * inner + inner * d + d
+    block = 2 * 2 * d + attention + mlp_parameters(d, r)
+    return V * d + S * d + L * block + 2 * d + d * V
+
+
+def mlp_parameters(d, r):
+    return d * r * d + r * d + r * d * d + d
+
+
+def pkm_parameters(d, heads, k_dim, n_keys):
+    """Query projection with bias, layer norm over heads * k_dim, two halves of n_keys sub-keys per head,
+    n_keys^2 values of width d."""
+    return d * heads * k_dim + heads * k_dim + 2 * heads * k_dim + heads * 2 * n_keys * (k_dim // 2) + n_keys ** 2 * d
+
+
+def test_forward_shapes_and_no_state():
+    model = tiny_model()
+    logits, state = model(torch.randint(50, (3, 11)))
+    assert logits.shape == (3, 11, 50) and state is None
+    with pytest.raises(ValueError, match="seq_len"):
+        model(torch.randint(50, (1, 17)))
+
+
+def test_memory_replaces_one_mlp_at_the_configured_layer():
+    model = tiny_model(memory_layer=0)
+    kinds = [type(block.ff) for block in model.blocks]
+    assert kinds == [ProductKeyMemory, MLP, MLP] and model.memory is model.blocks[0].ff
+    assert model.memory.v_dim == TINY["d_model"]
+    with pytest.raises(ValueError, match="memory_layer"):
+        tiny_model(memory_layer=3)
+
+
+@pytest.mark.parametrize("n_layers,expected", [(6, 3), (12, 7), (24, 15), (4, 2), (2, 1), (1, 0)])
+def test_default_memory_layer(n_layers, expected):
+    # The LRAM paper puts the memory in the 4th of 6 layers; deeper models keep it at two thirds of the depth.
+    assert tiny_model(n_layers=n_layers).memory_layer == expected
+
+
+@pytest.mark.parametrize("query_norm,causal", [("layernorm", True), ("batchnorm", False)])
+def test_model_is_causal_with_the_default_query_norm(query_norm, causal):
+    assert configs.ModelConfig().pkm_query_norm == "layernorm"
+    model = tiny_model(pkm_query_norm=query_norm).train()
+    x = torch.randint(50, (2, 12))
+    changed = x.clone()
+    changed[:, 7:] = (x[:, 7:] + 1 + torch.randint(48, (2, 5))) % 50  # every later token differs
+    earlier, earlier_changed = model(x)[0][:, :7], model(changed)[0][:, :7]
+    # batchnorm shows that the check can fail: its batch statistics carry later tokens into earlier logits.
+    assert torch.allclose(earlier, earlier_changed, rtol=0, atol=1e-6) == causal
+
+
+@pytest.mark.parametrize("name,millions", [("tiny", 53.9), ("small", 110.6), ("medium", 336.4), ("large", 731.1),
+                                           ("XL", 1478.2)])
+def test_hand_count_of_the_gpt_matches_the_languini_paper(name, millions):
+    # Table 4 (mini's 27.6M is left out: the formula gives 27.55M, which the table rounds up).
+    cfg = configs.get(name)
+    count = gpt_parameters(cfg.vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_head,
+                           cfg.mlp_ratio)
+    assert count / 1e6 == pytest.approx(millions, abs=0.05)
+
+
+@pytest.mark.parametrize("name", ["cpu", "small", "small_xlm"])
+def test_parameter_count_by_hand(name):
+    cfg = configs.get(name)
+    with torch.device("meta"):
+        model = Model(cfg)
+    d = cfg.d_model
+    expected = (gpt_parameters(cfg.vocab_size, cfg.seq_len, d, cfg.n_layers, cfg.n_heads, cfg.d_head, cfg.mlp_ratio)
+                - mlp_parameters(d, cfg.mlp_ratio) + pkm_parameters(d, cfg.pkm_heads, cfg.pkm_k_dim, cfg.pkm_n_keys))
+    assert sum(p.numel() for p in model.parameters()) == expected
+
+
+def test_lram_paper_pkm_adds_its_parameters():
+    # LRAM paper Table 2: 6 layers of width 512 (MLP 2048), PKM in the 4th: 90.3M total against the baseline's
+    # 58.4M, i.e. 31.9M +- 0.1M from the rounding; the difference does not depend on the vocabulary.
+    cfg = configs.get("mini", n_layers=6, d_model=512, n_heads=8, d_head=64, seq_len=256, vocab_size=30000)
+    with torch.device("meta"):
+        model = Model(cfg)
+    baseline = gpt_parameters(30000, 256, 512, 6, 8, 64, 4)
+    assert model.memory_layer == 3 and model.memory.num_values == 2 ** 16
+    assert 31.8e6 <= sum(p.numel() for p in model.parameters()) - baseline <= 32.0e6
+
+
+def test_gpt_init_keeps_the_memory_init():
+    model = tiny_model(d_model=256, pkm_n_keys=16, n_heads=4, d_head=64)
+    # XLM's init: values ~ N(0, 1/v_dim), sub-keys ~ U(+-1/sqrt(k_dim/2)); the GPT's init would give N(0, 0.02).
+    assert model.memory.values.std().item() == pytest.approx(256 ** -0.5, rel=0.05)
+    bound = 1 / math.sqrt(TINY["pkm_k_dim"] // 2)
+    assert model.memory.sub_keys.abs().max().item() <= bound
+    assert model.memory.sub_keys.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.1)
+
+
+@pytest.mark.parametrize("multiplier", [10.0, 3.0])
+def test_optimizer_groups_give_the_values_their_learning_rate(multiplier):
+    model = tiny_model(value_lr_multiplier=multiplier)
+    groups = model.optimizer_groups(2e-4)
+    values = [g for g in groups if any(p is model.memory.values for p in g["params"])]
+    assert len(values) == 1 and [p for p in values[0]["params"]] == [model.memory.values]
+    assert values[0]["lr"] == pytest.approx(multiplier * 2e-4)
+    assert all(g["lr"] == 2e-4 for g in groups if g is not values[0])
+    grouped = [id(p) for g in groups for p in g["params"]]
+    assert sorted(grouped) == sorted(id(p) for p in model.parameters())  # each parameter exactly once
+    assert configs.ModelConfig().value_lr_multiplier == 10.0
+
+
+def test_extra_flops_hold_everything_that_depends_on_knn():
+    # DeepSpeed sees the matmuls (query projection, half-key scores) but not the candidate sums and the bag,
+    # whose FLOPs per token are heads * knn^2 + 2 * heads * knn * d_model.
+    counts = {}
+    for knn in (2, 4):
+        model = tiny_model(pkm_knn=knn)
+        counts[knn] = (flops.forward_flops(model, 16, 50), model.extra_flops(16))
+        assert counts[knn][1] == 16 * (2 * knn * knn + 2 * 2 * knn * 24)
+    assert counts[2][0] - counts[2][1] == counts[4][0] - counts[4][1]
+
+
+def test_flops_on_the_meta_device_match_cpu():
+    with torch.device("meta"):
+        meta_model = Model(configs.ModelConfig(**TINY))
+    assert flops.forward_flops(meta_model, 16, 50, "meta") == flops.forward_flops(tiny_model(), 16, 50)
+
+
+def test_memory_stats_after_a_forward():
+    model = tiny_model().eval()
+    assert model.memory.usage is None  # nothing is collected during training
+    with pytest.raises(ValueError, match="reset_memory_stats"):
+        model.memory_stats()
+    memory_inputs = []
+    model.memory.register_forward_hook(lambda module, args, out: memory_inputs.append(args[0]))
+    x = torch.randint(50, (2, 9))
+    model.reset_memory_stats()
+    with torch.no_grad():
+        model(x)
+        indices, weights = model.memory.lookup(memory_inputs[0])
+    stats = model.memory_stats()
+    assert stats["memory_used"] == indices.unique().numel() / 16
+    counts = torch.zeros(16, dtype=torch.float64).index_add_(0, indices.flatten(), weights.flatten().double())
+    p = counts / counts.sum()
+    kl = sum(p_i * math.log(p_i * 16) for p_i in p.tolist() if p_i > 0)
+    assert stats["memory_kl_uniform"] == pytest.approx(kl)
+
+
+def test_training_run_end_to_end(tmp_path):
+    argv = ["--max_steps", "3", "--batch_size", "4", "--seq_len", "64", "--eval_every", "3",
+            "--eval_batch_size", "4", "--eval_max_batches", "2", "--slow_eval_max_windows", "2",
+            "--out_dir", str(tmp_path), "--run_name", "smoke"]
+    experiment.main("pkm_gpt", configs, Model, argv=argv)
+    results = json.loads((tmp_path / "smoke" / "results.json").read_text())
+    assert results["project"] == "pkm_gpt" and results["config"] == "cpu" and results["steps"] == 3
+    assert results["memory_stats"].keys() == results["eval"]["fast"].keys()
+    for stats in results["memory_stats"].values():
+        assert 0 < stats["memory_used"] <= 1
+        assert 0 <= stats["memory_kl_uniform"] <= math.log(configs.get("cpu").pkm_n_keys ** 2)
+
+
+
+
+def test_memory_stats_when_distributed(tmp_path):
+    # One process suffices to run the all-reduce path that merges the accesses of all processes.
+    model = tiny_model().eval()
+    model.reset_memory_stats()
+    with torch.no_grad():
+        model(torch.randint(50, (2, 9)))
+    expected = model.memory_stats()
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        assert model.memory_stats() == pytest.approx(expected)
+    finally:
+        torch.distributed.destroy_process_group()
