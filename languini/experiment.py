@@ -22,13 +22,13 @@ CPU_CONFIG = "cpu"
 def build_parser(project: str, configs) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=f"projects/{project}/train.py",
-        description=f"Train and evaluate a {project} model for a compute class.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        description=f"Train and evaluate a {project} model for a compute class.")
     parser.add_argument("--config", default=None,
                         help=f"model size, one of {', '.join(configs.SIZES)} (default: the compute class's, "
                              f"or '{CPU_CONFIG}' on a machine without a GPU)")
     add_dataclass_flags(parser, TrainConfig, "training")
-    add_dataclass_flags(parser, configs.ModelConfig, "model (override fields of --config)")
+    add_dataclass_flags(parser, configs.ModelConfig, "model (each overrides that field of --config)",
+                        show_defaults=False)
     return parser
 
 

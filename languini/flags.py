@@ -7,6 +7,11 @@ import types
 import typing
 
 
+def arg(default, help: str):
+    """A dataclass field with the help text its command-line flag shows."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
 def parse_bool(text: str) -> bool:
     value = text.strip().lower()
     if value in ("true", "1", "yes"):
@@ -34,13 +39,12 @@ def _parser_for(annotation):
     return parse
 
 
-def add_dataclass_flags(parser: argparse.ArgumentParser, cls, title: str, skip=()) -> None:
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls, title: str, show_defaults: bool = True) -> None:
     group = parser.add_argument_group(title)
     for f in dataclasses.fields(cls):
-        if f.name in skip:
-            continue
-        group.add_argument(f"--{f.name}", type=_parser_for(f.type), default=None,
-                           metavar=f.name.upper(), help=f.metadata.get("help", f"(default: {f.default})"))
+        help_text = f.metadata.get("help", "") + (f" (default: {f.default})" if show_defaults else "")
+        group.add_argument(f"--{f.name}", type=_parser_for(f.type), default=None, metavar=f.name.upper(),
+                           help=help_text.lstrip() or None)
 
 
 def overrides(args: argparse.Namespace, cls) -> dict:

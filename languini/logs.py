@@ -28,8 +28,8 @@ class RunLog:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as e:
-                raise RuntimeError("--tensorboard true needs the tensorboard package: "
-                                   "pip install -e '.[tensorboard]'") from e
+                raise ValueError("--tensorboard true needs the tensorboard package: "
+                                 "pip install -e '.[tensorboard]'") from e
             self.tb = SummaryWriter(str(run_dir / "tensorboard"))
 
     def _truncate_after(self, step: int):

@@ -25,39 +25,40 @@ from tqdm import tqdm
 from languini import checkpoint
 from languini.books import BooksDataset, TrainBatches
 from languini.evaluation import Evaluator
+from languini.flags import arg
 
 
 @dataclass
 class TrainConfig:
-    compute_class: str | None = None  # e.g. 6h, 24h, 90s: the budget in reference-hardware time
-    reference_hardware: str = "RTX 3090"
-    tokens_per_second: float | None = None  # overrides the registry's throughput
-    max_steps: int | None = None  # train for this many steps instead of a compute class (debugging)
-    batch_size: int = 16  # global batch: sequences per optimiser step, whatever the processes and accumulation
-    micro_batches: int = 1  # gradient-accumulation steps per process
-    lr: float = 6e-4
-    warmup_steps: int = 200  # clamped to a tenth of the run
-    final_lr_fraction: float = 0.01  # cosine decay to lr/100, as in the paper
-    grad_clip: float | None = None  # max gradient norm; None disables clipping
-    eval_every: int | None = None  # steps between evaluations; None: ten per run
-    checkpoint_every: int | None = None  # steps between checkpoints; None: at every evaluation
-    stop_at_step: int | None = None  # save and exit after this step (split a run into several jobs)
-    log_every: int = 10
-    eval_batch_size: int = 16
-    eval_max_batches: int | None = 500  # fast eval: up to this many batches per split
-    slow_eval_max_windows: int | None = None  # slow eval: cap on windows per split (None: the whole split)
-    precision: str = "auto"  # auto (bf16 if supported, else fp16 with a grad scaler; fp32 on CPU), bf16, fp16, fp32
-    compile: bool = False
-    seed: int = 0
-    data_root: str | None = None  # folder holding books_<vocab>/; None: data/ or the embedded default corpus
-    tokenizer: str | None = None  # SentencePiece model of the data, if not inside the data folder
-    out_dir: str = "runs"
-    run_name: str | None = None
-    resume: bool = False
-    wandb: bool = False
-    wandb_project: str = "languini"
-    tensorboard: bool = False
-    dry_run: bool = False
+    compute_class: str | None = arg(None, "training budget in reference-hardware time: 6h, 24h, 15m, 90s, ...")
+    reference_hardware: str = arg("RTX 3090", "the hardware a compute class is measured on (a registry name)")
+    tokens_per_second: float | None = arg(None, "throughput on the reference hardware, instead of the registry's")
+    max_steps: int | None = arg(None, "train for this many steps instead of a compute class (debugging)")
+    batch_size: int = arg(16, "global batch: sequences per optimiser step, whatever the processes and accumulation")
+    micro_batches: int = arg(1, "gradient-accumulation steps per process")
+    lr: float = arg(6e-4, "peak learning rate (memory values get the model's own multiple)")
+    warmup_steps: int = arg(200, "linear warm-up steps, at most a tenth of the run")
+    final_lr_fraction: float = arg(0.01, "cosine decay to this fraction of lr (the paper: 100x)")
+    grad_clip: float | None = arg(None, "max gradient norm; None disables clipping")
+    eval_every: int | None = arg(None, "steps between evaluations; None: ten per run")
+    checkpoint_every: int | None = arg(None, "steps between checkpoints; None: at every evaluation")
+    stop_at_step: int | None = arg(None, "save and exit after this step (split a run into several jobs)")
+    log_every: int = arg(10, "steps between training log rows")
+    eval_batch_size: int = arg(16, "streams per evaluation batch")
+    eval_max_batches: int | None = arg(500, "fast eval: up to this many batches per split")
+    slow_eval_max_windows: int | None = arg(None, "slow eval: cap on windows per split (None: the whole split)")
+    precision: str = arg("auto", "auto (bf16 if supported, else fp16 with a grad scaler; fp32 on CPU), bf16, fp16, fp32")
+    compile: bool = arg(False, "torch.compile the model (true/false)")
+    seed: int = arg(0, "seed of the model's initialisation")
+    data_root: str | None = arg(None, "folder holding books_<vocab>/; None: data/ or the embedded default corpus")
+    tokenizer: str | None = arg(None, "SentencePiece model of the data, if not inside the data folder")
+    out_dir: str = arg("runs", "where run folders go")
+    run_name: str | None = arg(None, "run folder name; None: project_config_class_batch_seed")
+    resume: bool = arg(False, "continue the run in the run folder from its checkpoint (true/false)")
+    wandb: bool = arg(False, "log to Weights & Biases (true/false; offline without an API key)")
+    wandb_project: str = arg("languini", "Weights & Biases project")
+    tensorboard: bool = arg(False, "log to TensorBoard (true/false; needs the tensorboard package)")
+    dry_run: bool = arg(False, "print the training plan and exit (true/false)")
 
 
 class NonFiniteLoss(RuntimeError):

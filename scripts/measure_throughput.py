@@ -135,7 +135,7 @@ def measure_batch_size(
         durations = []
     # Free this batch size's activations, gradients and Adam state before the next one.
     model.zero_grad(set_to_none=True)
-    del optimizers, scaler, forward
+    optimizers = scaler = forward = None
     state = inputs = targets = tokens = None
     gc.collect()
     if not durations:

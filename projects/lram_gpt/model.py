@@ -58,7 +58,7 @@ class MLP(nn.Module):
         self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
 
     def forward(self, x):
-        return self.proj(F.gelu(self.fc(x)))
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))  # GPT-2's GELU
 
 
 class Block(nn.Module):
@@ -101,10 +101,9 @@ class Model(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init)
-        for block in self.blocks:  # GPT-2: residual writes scaled down with depth
+        for block in self.blocks:  # GPT-2: the feed-forward residual write is scaled down with depth
             residual_write = block.ff.out if block.ff is self.memory else block.ff.proj
-            for proj in (block.attn.proj, residual_write):
-                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
+            nn.init.normal_(residual_write.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
         self.memory.reset_values()  # the memory's own value init, not the GPT's
         self.access_stats: MemoryAccessStats | None = None  # collected in eval mode after reset_memory_stats
         self.memory.register_forward_pre_hook(self._record_reads)
@@ -125,7 +124,8 @@ class Model(nn.Module):
         if T > self.cfg.seq_len:
             raise ValueError(f"Sequence length {T} exceeds the position table ({self.cfg.seq_len}); "
                              f"use --seq_len {T} or shorter sequences.")
-        h = self.tok_emb(x) + self.pos_emb(torch.arange(T, device=x.device))
+        # Token embeddings scaled by sqrt(d_model), as in the official Languini code the paper's numbers come from.
+        h = self.tok_emb(x) * math.sqrt(self.cfg.d_model) + self.pos_emb(torch.arange(T, device=x.device))
         for block in self.blocks:
             h = block(h)
         return self.head(self.ln_f(h)), None

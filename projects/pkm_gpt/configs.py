@@ -28,6 +28,7 @@ class ModelConfig:
     pkm_query_norm: str = LRAM_PAPER_PKM.query_norm  # layernorm (causal), batchnorm (not causal) or none
     pkm_value_grad: str = LRAM_PAPER_PKM.value_grad  # Triton value-gradient kernel: atomic or sorted
     value_lr_multiplier: float = 10.0  # the value table's learning rate over the rest's (LRAM paper: 10x)
+    sparse_values: bool = False  # value gradient as sparse rows read, for a lazy (SparseAdam) optimiser group
 
 
 _XLM = dict(pkm_heads=XLM_PKM.heads, pkm_k_dim=XLM_PKM.k_dim, pkm_n_keys=XLM_PKM.n_keys, pkm_knn=XLM_PKM.knn)

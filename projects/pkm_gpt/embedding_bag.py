@@ -16,6 +16,12 @@ Value-gradient variants (`value_grad`):
   distinct table row sums its entries' contributions and writes the row once, without atomics.
 "atomic" is the default for now; which one is faster has not been measured on a GPU yet.
 Both accumulate in an fp32 buffer and cast to the values' dtype at the end.
+
+`sparse_values=True` makes the value gradient a coalesced sparse COO tensor holding only the rows read
+(distinct rising indices, one summed row each), as nn.Embedding(sparse=True) does, for a lazy optimiser such
+as torch.optim.SparseAdam. The reference gathers the rows read into a small table first; the Triton path
+writes the "sorted" segment sums compactly (whatever `value_grad` says). The row count depends on the data,
+so this path is a graph break under torch.compile.
 """
 
 import os
@@ -32,12 +38,41 @@ _MAX_BLOCK_DIM = 128
 _BLOCK_ENTRIES = 32
 
 
-def embedding_bag_reference(values, indices, weights):
-    """Plain PyTorch weighted embedding bag; accumulates in fp32."""
+def embedding_bag_reference(values, indices, weights, sparse_values=False):
+    """Plain PyTorch weighted embedding bag; accumulates in fp32. sparse_values: see the module docstring."""
+    if sparse_values:
+        return _reference_with_sparse_value_grad(values, indices, weights)
     out_dtype = torch.promote_types(values.dtype, weights.dtype)
     # Cast the table before gathering so that the backward scatter-add also accumulates in fp32.
     gathered = values.float()[indices]  # [R, k, v_dim]
     return (weights.float().unsqueeze(-1) * gathered).sum(dim=1).to(out_dtype)
+
+
+class _GatherRows(torch.autograd.Function):
+    """values[rows] for distinct rising rows; the gradient is the sparse COO tensor of those rows only."""
+
+    @staticmethod
+    def forward(ctx, values, rows):
+        ctx.save_for_backward(rows)
+        ctx.values_shape = values.shape
+        return values.index_select(0, rows)
+
+    @staticmethod
+    def backward(ctx, grad_rows):
+        (rows,) = ctx.saved_tensors
+        return _sparse_rows(rows, grad_rows, ctx.values_shape), None
+
+
+def _sparse_rows(rows, row_grads, shape):
+    """The coalesced sparse COO gradient whose only non-zero rows are row_grads at the distinct rising rows."""
+    return torch.sparse_coo_tensor(rows[None], row_grads, shape, is_coalesced=True, check_invariants=False)
+
+
+@torch.compiler.disable  # a data-dependent row count and a sparse gradient: torch.compile cannot trace them
+def _reference_with_sparse_value_grad(values, indices, weights):
+    # The bag reads a small table of the rows read, whose (dense) gradient has one summed row per row read.
+    rows_read, positions = torch.unique(indices, sorted=True, return_inverse=True)
+    return embedding_bag_reference(_GatherRows.apply(values, rows_read), positions, weights)
 
 
 # ---------------------------------------------------------------- Triton kernels
@@ -101,8 +136,9 @@ def _value_grad_atomic_kernel(grad_values_ptr, grad_out_ptr, indices_ptr, weight
 @triton.jit
 def _value_grad_sorted_kernel(grad_values_ptr, grad_out_ptr, weights_ptr, entry_order_ptr, segment_rows_ptr,
                               segment_starts_ptr, segment_ends_ptr, v_dim, bag_size,
-                              BLOCK_ENTRIES: tl.constexpr, BLOCK_DIM: tl.constexpr):
-    # One program per (distinct table row, column block): sum its entries, write the row once.
+                              BLOCK_ENTRIES: tl.constexpr, BLOCK_DIM: tl.constexpr, COMPACT: tl.constexpr):
+    # One program per (distinct table row, column block): sum its entries, write the row once, into
+    # its table row, or with COMPACT into row `segment` of a table of the rows read only.
     segment = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_DIM + tl.arange(0, BLOCK_DIM)
     col_mask = cols < v_dim
@@ -118,13 +154,39 @@ def _value_grad_sorted_kernel(grad_values_ptr, grad_out_ptr, weights_ptr, entry_
         grad = tl.load(grad_out_ptr + bag_row[:, None] * v_dim + cols[None, :],
                        mask=entry_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
         acc += tl.sum(w[:, None] * grad, axis=0)
-    table_row = tl.load(segment_rows_ptr + segment)
-    tl.store(grad_values_ptr + table_row * v_dim + cols, acc, mask=col_mask)
+    if COMPACT:
+        out_row = segment.to(tl.int64)
+    else:
+        out_row = tl.load(segment_rows_ptr + segment)
+    tl.store(grad_values_ptr + out_row * v_dim + cols, acc, mask=col_mask)
 
 
 def _block_sizes(bag_size, v_dim):
     return (min(_MAX_BLOCK_BAG, triton.next_power_of_2(bag_size)),
             min(_MAX_BLOCK_DIM, triton.next_power_of_2(v_dim)))
+
+
+def _segment_sums(grad_out, indices, weights, grad_values=None):
+    """Per distinct table row read, the sum of weight * grad_out over its entries, by the sorted kernel.
+
+    Writes into the rows of grad_values [N, v_dim] (fp32) when given, else into a new compact fp32 table
+    [U, v_dim]. Returns (the U rows read, rising; the table written).
+    """
+    bag_size, v_dim = indices.shape[1], grad_out.shape[1]
+    # Reverse index: entries grouped by table row; each group is one segment of the sorted order.
+    sorted_rows, entry_order = torch.sort(indices.reshape(-1))
+    segment_rows, segment_lengths = torch.unique_consecutive(sorted_rows, return_counts=True)
+    segment_ends = segment_lengths.cumsum(0)
+    segment_starts = segment_ends - segment_lengths
+    compact = grad_values is None
+    if compact:
+        grad_values = torch.empty(segment_rows.numel(), v_dim, dtype=torch.float32, device=grad_out.device)
+    if segment_rows.numel() and v_dim:
+        block_dim = _block_sizes(bag_size, v_dim)[1]
+        _value_grad_sorted_kernel[(segment_rows.numel(), triton.cdiv(v_dim, block_dim))](
+            grad_values, grad_out, weights, entry_order, segment_rows, segment_starts, segment_ends, v_dim,
+            bag_size, BLOCK_ENTRIES=_BLOCK_ENTRIES, BLOCK_DIM=block_dim, COMPACT=compact)
+    return segment_rows, grad_values
 
 
 # ---------------------------------------------------------------- custom ops (opaque to torch.compile)
@@ -183,14 +245,7 @@ def _value_grad_op(grad_out: torch.Tensor, indices: torch.Tensor, weights: torch
         _value_grad_atomic_kernel[(num_bags, triton.cdiv(v_dim, block_dim))](
             grad_values, grad_out, indices, weights, v_dim, bag_size, BLOCK_BAG=block_bag, BLOCK_DIM=block_dim)
         return grad_values
-    # Reverse index: entries grouped by table row; each group is one segment of the sorted order.
-    sorted_rows, entry_order = torch.sort(indices.reshape(-1))
-    segment_rows, segment_lengths = torch.unique_consecutive(sorted_rows, return_counts=True)
-    segment_ends = segment_lengths.cumsum(0)
-    segment_starts = segment_ends - segment_lengths
-    _value_grad_sorted_kernel[(segment_rows.numel(), triton.cdiv(v_dim, block_dim))](
-        grad_values, grad_out, weights, entry_order, segment_rows, segment_starts, segment_ends, v_dim, bag_size,
-        BLOCK_ENTRIES=_BLOCK_ENTRIES, BLOCK_DIM=block_dim)
+    _segment_sums(grad_out, indices, weights, grad_values)
     return grad_values
 
 
@@ -206,9 +261,9 @@ class EmbeddingBagFunction(torch.autograd.Function):
     """Triton weighted embedding bag with gradients for the values and the per-sample weights."""
 
     @staticmethod
-    def forward(ctx, values, indices, weights, value_grad):
+    def forward(ctx, values, indices, weights, value_grad, sparse_values):
         ctx.save_for_backward(values, indices, weights)
-        ctx.value_grad = value_grad
+        ctx.value_grad, ctx.sparse_values = value_grad, sparse_values
         return torch.ops.pkm_gpt.embedding_bag_forward(values, indices, weights)
 
     @staticmethod
@@ -216,33 +271,44 @@ class EmbeddingBagFunction(torch.autograd.Function):
         values, indices, weights = ctx.saved_tensors
         grad_out = grad_out.contiguous()
         grad_values = grad_weights = None
-        if ctx.needs_input_grad[0]:
+        if ctx.needs_input_grad[0] and ctx.sparse_values:
+            rows_read, row_grads = _segment_sums(grad_out, indices, weights)
+            grad_values = _sparse_rows(rows_read, row_grads.to(values.dtype), values.shape)
+        elif ctx.needs_input_grad[0]:
             grad_values = torch.ops.pkm_gpt.embedding_bag_value_grad(
                 grad_out, indices, weights, values.shape[0], ctx.value_grad).to(values.dtype)
         if ctx.needs_input_grad[2]:
             grad_weights = torch.ops.pkm_gpt.embedding_bag_weight_grad(grad_out, values, indices).to(weights.dtype)
-        return grad_values, None, grad_weights, None
+        return grad_values, None, grad_weights, None, None
 
 
-def embedding_bag_triton(values, indices, weights, value_grad="atomic"):
-    """Triton weighted embedding bag (see the module docstring for shapes and `value_grad`)."""
+def embedding_bag_triton(values, indices, weights, value_grad="atomic", sparse_values=False):
+    """Triton weighted embedding bag (see the module docstring for shapes, `value_grad` and `sparse_values`)."""
     _check_inputs(values, indices, weights)
     if value_grad not in VALUE_GRAD_VARIANTS:
         raise ValueError(f"value_grad must be one of {VALUE_GRAD_VARIANTS}, got {value_grad!r}")
     if not values.is_cuda and os.environ.get("TRITON_INTERPRET", "0").lower() not in ("1", "true", "on"):
         raise ValueError("the Triton embedding bag needs CUDA tensors (or TRITON_INTERPRET=1 set before "
                          "importing triton); use embedding_bag_reference on CPU")
-    return EmbeddingBagFunction.apply(values.contiguous(), indices.contiguous(), weights.contiguous(), value_grad)
+    inputs = (values.contiguous(), indices.contiguous(), weights.contiguous())
+    if sparse_values:
+        return _triton_with_sparse_value_grad(*inputs)
+    return EmbeddingBagFunction.apply(*inputs, value_grad, False)
 
 
-def embedding_bag(values, indices, weights, use_triton=None, value_grad="atomic"):
+@torch.compiler.disable  # a data-dependent row count and a sparse gradient: torch.compile cannot trace them
+def _triton_with_sparse_value_grad(values, indices, weights):
+    return EmbeddingBagFunction.apply(values, indices, weights, "sorted", True)
+
+
+def embedding_bag(values, indices, weights, use_triton=None, value_grad="atomic", sparse_values=False):
     """Weighted embedding bag; Triton when `use_triton` (default: when values are on a GPU)."""
     if use_triton is None:
         use_triton = values.is_cuda
     if use_triton:
-        return embedding_bag_triton(values, indices, weights, value_grad)
+        return embedding_bag_triton(values, indices, weights, value_grad, sparse_values)
     _check_inputs(values, indices, weights)
-    return embedding_bag_reference(values, indices, weights)
+    return embedding_bag_reference(values, indices, weights, sparse_values)
 
 
 def _check_inputs(values, indices, weights):

@@ -1,7 +1,8 @@
 """The GPT of projects/gpt (copied) with one block's MLP replaced by a product-key memory (Lample et al. 2019).
 
 The memory maps d_model -> d_model and writes to the residual stream as the MLP it replaces. Its value table
-trains at `value_lr_multiplier` x the learning rate (see `optimizer_groups`), as in the LRAM paper.
+trains at `value_lr_multiplier` x the learning rate (see `optimizer_groups`), as in the LRAM paper; with
+`sparse_values` its gradient holds only the rows read and its group is marked for a lazy SparseAdam.
 """
 import math
 
@@ -71,7 +72,7 @@ class Model(nn.Module):
         self.blocks = nn.ModuleList(
             Block(cfg, ProductKeyMemory(cfg.d_model, heads=cfg.pkm_heads, k_dim=cfg.pkm_k_dim,
                                         n_keys=cfg.pkm_n_keys, knn=cfg.pkm_knn, query_norm=cfg.pkm_query_norm,
-                                        value_grad=cfg.pkm_value_grad)
+                                        value_grad=cfg.pkm_value_grad, sparse_values=cfg.sparse_values)
                   if i == self.memory_layer else MLP(cfg))
             for i in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
@@ -105,11 +106,15 @@ class Model(nn.Module):
         return self.head(self.ln_f(h)), None
 
     def optimizer_groups(self, lr: float) -> list[dict]:
-        """The value table at value_lr_multiplier x lr, everything else at lr."""
-        value_ids = {id(p) for p in self.memory.value_parameters()}
+        """The value table at value_lr_multiplier x lr, everything else at lr; with sparse_values the value
+        group is marked "sparse" for a lazy optimiser (torch.optim.SparseAdam: only rows read are updated)."""
+        values = self.memory.value_parameters()
+        value_ids = {id(p) for p in values}
         rest = [p for p in self.parameters() if id(p) not in value_ids]
-        return [{"params": rest, "lr": lr},
-                {"params": self.memory.value_parameters(), "lr": lr * self.cfg.value_lr_multiplier}]
+        value_group = {"params": values, "lr": lr * self.cfg.value_lr_multiplier}
+        if self.cfg.sparse_values:
+            value_group["sparse"] = True
+        return [{"params": rest, "lr": lr}, value_group]
 
     def extra_flops(self, seq_len: int) -> int:
         """Forward FLOPs at batch 1 that DeepSpeed's profiler misses: the candidate-score sums and the

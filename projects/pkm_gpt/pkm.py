@@ -30,6 +30,7 @@ class PKMConfig:
     # outputs; "layernorm" normalises each token's query on its own and is causal.
     query_norm: str = "layernorm"
     value_grad: str = "atomic"
+    sparse_values: bool = False  # value gradient as sparse rows read, for a lazy (SparseAdam) optimiser
 
 
 # The LRAM paper's PKM (section 4.1): 8 heads, N = 2^16, value dimension = width, key dimension 64
@@ -65,10 +66,15 @@ def product_key_topk(queries, sub_keys, knn):
 
 
 class ProductKeyMemory(nn.Module):
-    """[B, T, d_model] -> [B, T, v_dim]. The value table is `values` (see `value_parameters`)."""
+    """[B, T, d_model] -> [B, T, v_dim]. The value table is `values` (see `value_parameters`).
+
+    sparse_values: the gradient of `values` is a coalesced sparse COO tensor holding only the rows read
+    (as nn.Embedding(sparse=True)), for a lazy optimiser such as torch.optim.SparseAdam; a graph break
+    under torch.compile. On the Triton path it is the "sorted" reduction, whatever value_grad says.
+    """
 
     def __init__(self, d_model, heads=8, k_dim=64, n_keys=256, knn=32, v_dim=None, query_norm="layernorm",
-                 value_grad="atomic", use_triton=None):
+                 value_grad="atomic", use_triton=None, sparse_values=False):
         super().__init__()
         if k_dim % 2:
             raise ValueError(f"k_dim must be even (it is split into two halves), got {k_dim}")
@@ -81,7 +87,7 @@ class ProductKeyMemory(nn.Module):
         self.heads, self.k_dim, self.n_keys, self.knn = heads, k_dim, n_keys, knn
         self.v_dim = d_model if v_dim is None else v_dim
         self.num_values = n_keys ** 2
-        self.value_grad, self.use_triton = value_grad, use_triton
+        self.value_grad, self.use_triton, self.sparse_values = value_grad, use_triton, sparse_values
 
         self.query_proj = nn.Linear(d_model, heads * k_dim)
         # Layer norm over all heads * k_dim features: the per-token counterpart of XLM's batch norm.
@@ -101,7 +107,7 @@ class ProductKeyMemory(nn.Module):
     def from_config(cls, d_model, config: PKMConfig, use_triton=None):
         return cls(d_model, heads=config.heads, k_dim=config.k_dim, n_keys=config.n_keys, knn=config.knn,
                    v_dim=config.v_dim, query_norm=config.query_norm, value_grad=config.value_grad,
-                   use_triton=use_triton)
+                   use_triton=use_triton, sparse_values=config.sparse_values)
 
     def reset_memory_parameters(self):
         """Sub-keys and values; a model whose init loop rewrites all parameters should call this after it."""
@@ -126,7 +132,8 @@ class ProductKeyMemory(nn.Module):
         indices, weights = self.lookup(x)
         if self.usage is not None:
             self.usage.update(indices.detach(), weights.detach())
-        out = embedding_bag(self.values, indices, weights, use_triton=self.use_triton, value_grad=self.value_grad)
+        out = embedding_bag(self.values, indices, weights, use_triton=self.use_triton, value_grad=self.value_grad,
+                            sparse_values=self.sparse_values)
         return out.to(x.dtype).unflatten(0, x.shape[:-1])
 
 

@@ -194,15 +194,6 @@ class Model(nn.Module):
 
 
 @pytest.fixture
-def single_thread():
-    # Timing tiny models with 2 threads on a shared 2-core machine makes OpenMP spin for seconds per step.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture
 def toy_project(tmp_path, monkeypatch, single_thread):
     """A throwaway project 'toy_lm' following the contract, importable as projects.toy_lm."""
     package = tmp_path / "toy_lm"

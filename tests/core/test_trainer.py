@@ -148,3 +148,22 @@ def test_data_parallel_processes_equal_gradient_accumulation(default_corpus_root
     assert [s for s, _ in one] == [s for s, _ in two] == [1, 2, 3, 4]
     for (_, a), (_, b) in zip(one, two):
         assert a == pytest.approx(b, rel=1e-5)
+
+
+def test_wandb_logging_runs_without_prompts(default_corpus_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    args = TINY + ["--data_root", str(default_corpus_root), "--max_steps", "2", "--out_dir", str(tmp_path),
+                   "--wandb", "true"]
+    assert main("gpt", configs, Model, args)["steps"] == 2
+
+
+def test_tensorboard_without_its_package_is_explained(default_corpus_root, tmp_path):
+    try:
+        import tensorboard  # noqa: F401
+        pytest.skip("tensorboard is installed")
+    except ImportError:
+        pass
+    args = TINY + ["--data_root", str(default_corpus_root), "--max_steps", "1", "--out_dir", str(tmp_path),
+                   "--tensorboard", "true"]
+    with pytest.raises(SystemExit, match=r"pip install -e '.\[tensorboard\]'"):
+        main("gpt", configs, Model, args)

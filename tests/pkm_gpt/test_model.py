@@ -1,5 +1,5 @@
 """The GPT with a product-key memory: contract, causality, parameter count, learning rates, FLOPs, memory stats,
-and one end-to-end run of the trainer."""
+one end-to-end run of the trainer, and a trainer step with row-sparse values."""
 
 import json
 import math
@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from languini import experiment, flops
+from languini.books import BooksDataset
+from languini.trainer import TrainConfig, Trainer
 from projects.pkm_gpt import configs
 from projects.pkm_gpt.model import MLP, Model
-from projects.pkm_gpt.pkm import ProductKeyMemory
+from projects.pkm_gpt.pkm import MemoryUsage, ProductKeyMemory
 
 # 3 blocks, 4 x 4 = 16 values of width 24, so that every test builds the model in milliseconds.
 TINY = dict(vocab_size=50, seq_len=16, d_model=24, n_layers=3, n_heads=2, d_head=8, mlp_ratio=2,
@@ -116,17 +118,18 @@ def test_gpt_init_keeps_the_memory_init():
     assert model.memory.sub_keys.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.1)
 
 
-@pytest.mark.parametrize("multiplier", [10.0, 3.0])
-def test_optimizer_groups_give_the_values_their_learning_rate(multiplier):
-    model = tiny_model(value_lr_multiplier=multiplier)
+@pytest.mark.parametrize("multiplier,sparse", [(10.0, False), (3.0, True)])
+def test_optimizer_groups_give_the_values_their_learning_rate(multiplier, sparse):
+    model = tiny_model(value_lr_multiplier=multiplier, sparse_values=sparse)
     groups = model.optimizer_groups(2e-4)
     values = [g for g in groups if any(p is model.memory.values for p in g["params"])]
     assert len(values) == 1 and [p for p in values[0]["params"]] == [model.memory.values]
     assert values[0]["lr"] == pytest.approx(multiplier * 2e-4)
-    assert all(g["lr"] == 2e-4 for g in groups if g is not values[0])
+    assert values[0].get("sparse", False) == sparse and model.memory.sparse_values == sparse
+    assert all(g["lr"] == 2e-4 and "sparse" not in g for g in groups if g is not values[0])
     grouped = [id(p) for g in groups for p in g["params"]]
     assert sorted(grouped) == sorted(id(p) for p in model.parameters())  # each parameter exactly once
-    assert configs.ModelConfig().value_lr_multiplier == 10.0
+    assert configs.ModelConfig().value_lr_multiplier == 10.0 and not configs.ModelConfig().sparse_values
 
 
 def test_extra_flops_hold_everything_that_depends_on_knn():
@@ -179,6 +182,26 @@ def test_training_run_end_to_end(tmp_path):
         assert 0 <= stats["memory_kl_uniform"] <= math.log(configs.get("cpu").pkm_n_keys ** 2)
 
 
+
+
+def test_sparse_values_trainer_step_moves_only_the_rows_read(default_corpus_root, tmp_path):
+    # 16^2 = 256 rows, at most 2 sequences * 8 tokens * 2 heads * 3 reads = 96 of them read; two micro-batches
+    # add up two sparse gradients before the step.
+    cfg = configs.ModelConfig(**{**TINY, "vocab_size": 2048, "seq_len": 8, "pkm_n_keys": 16, "sparse_values": True})
+    torch.manual_seed(0)
+    trainer = Trainer(project="pkm_gpt", config_name="cpu", model_cfg=cfg, model_cls=Model,
+                      tcfg=TrainConfig(batch_size=2, micro_batches=2), dataset=BooksDataset(default_corpus_root, 2048),
+                      bytes_per_token=torch.ones(2048), run_dir=tmp_path, total_steps=1, tokens_per_second=1.0,
+                      reference_hardware="cpu")
+    assert [type(opt) for opt in trainer.optimizers] == [torch.optim.Adam, torch.optim.SparseAdam]
+    memory = trainer.model.memory
+    memory.usage = MemoryUsage(memory.num_values)  # records the rows every forward reads
+    before = memory.values.detach().clone()
+    x, y = trainer.batches(0)
+    assert math.isfinite(trainer.train_step(x, y))
+    assert memory.values.grad.layout == torch.sparse_coo
+    moved = (memory.values.detach() != before).any(dim=1)
+    assert torch.equal(moved, memory.usage.accessed) and 0 < moved.sum() < memory.num_values
 
 
 def test_memory_stats_when_distributed(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from projects.pkm_gpt.pkm import (LRAM_PAPER_PKM, XLM_PKM, MemoryUsage, ProductKeyMemory, pkm_flops,
+from projects.pkm_gpt.pkm import (LRAM_PAPER_PKM, XLM_PKM, MemoryUsage, PKMConfig, ProductKeyMemory, pkm_flops,
                                   product_key_topk)
 
 # A tiny layer: d_model 12, 3 heads, k_dim 6, 7^2 = 49 values of v_dim 10, knn 4.
@@ -96,6 +96,45 @@ def test_triton_layer_matches_reference_layer(path):
         torch.testing.assert_close(grads[name], expected_grads[name], msg=name)
 
 
+@pytest.mark.parametrize("path", ["reference", "triton-atomic"])
+def test_sparse_values_layer_matches_dense_layer(path):
+    x = torch.randn(2, 7, 12)
+    grad_out = torch.randn(2, 7, 10)
+    results = []
+    for sparse_values in (False, True):
+        layer = tiny_layer(seed=1, sparse_values=sparse_values, **PATHS[path])
+        out = layer(x)
+        (out * grad_out).sum().backward()
+        results.append((out, {name: p.grad for name, p in layer.named_parameters()}))
+    (expected_out, expected_grads), (out, grads) = results
+    assert grads["values"].layout == torch.sparse_coo
+    grads["values"] = grads["values"].to_dense()
+    torch.testing.assert_close(out, expected_out, rtol=0, atol=0)
+    for name in grads:
+        torch.testing.assert_close(grads[name], expected_grads[name], msg=name)
+
+
+@pytest.mark.parametrize("path", ["reference", "triton-sorted"])
+def test_sparse_adam_moves_only_the_rows_read_in_its_step(path):
+    # Two steps on different tokens. Rows read only in the first keep Adam momentum, so dense Adam moves them in
+    # the second step too (showing that the check can fail); SparseAdam moves only the second step's rows.
+    first, second = torch.randn(1, 2, 12), torch.randn(1, 2, 12)
+    moved = {}
+    for sparse_values, optimizer_cls in ((True, torch.optim.SparseAdam), (False, torch.optim.Adam)):
+        layer = tiny_layer(n_keys=9, sparse_values=sparse_values, **PATHS[path])  # 81 rows, 24 reads per step
+        optimizer = optimizer_cls(layer.value_parameters(), lr=1e-2)
+        for x in (first, second):
+            before = layer.values.detach().clone()
+            optimizer.zero_grad()
+            layer(x).square().sum().backward()
+            optimizer.step()
+        moved[sparse_values] = set((layer.values.detach() != before).any(dim=1).nonzero().flatten().tolist())
+    read_first, read_second = (set(layer.lookup(x)[0].flatten().tolist()) for x in (first, second))
+    assert read_first - read_second, "the draw should read some rows in the first step only"
+    assert moved[True] == read_second
+    assert moved[False] == read_first | read_second
+
+
 def test_value_parameters_are_the_table_only():
     layer = tiny_layer()
     assert [id(p) for p in layer.value_parameters()] == [id(layer.values)]
@@ -148,6 +187,8 @@ def test_presets():
     assert lram.query_proj.out_features == 8 * 64 and lram.knn == 32
     assert (XLM_PKM.heads, XLM_PKM.k_dim, XLM_PKM.knn, XLM_PKM.n_keys ** 2) == (4, 256, 32, 512 ** 2)
     assert XLM_PKM.v_dim is None
+    assert not LRAM_PAPER_PKM.sparse_values
+    assert ProductKeyMemory.from_config(12, PKMConfig(**TINY, sparse_values=True)).sparse_values
 
 
 @pytest.mark.parametrize("bad", [dict(k_dim=5), dict(knn=8), dict(query_norm="rms"), dict(value_grad="x")])
