@@ -186,9 +186,11 @@ class Trainer:
                 "model_config": dataclasses.asdict(self.model_cfg), "total_steps": self.total_steps}
 
     def _restore(self, ckpt: dict):
-        if ckpt["model_config"] != dataclasses.asdict(self.model_cfg):
-            raise ValueError(f"The checkpoint in {self.run_dir} was trained with another model config; "
+        if ckpt["model_config"] != dataclasses.asdict(self.model_cfg) or ckpt["total_steps"] != self.total_steps:
+            raise ValueError(f"The checkpoint in {self.run_dir} was trained with another model config or budget; "
                              "resume with the same flags or choose another --run_name.")
+        if self.ddp.world_size > 1:  # every process carries the states of its own streams
+            ckpt["states"] = checkpoint.load_rank_states(self.run_dir, self.ddp.rank, ckpt["step"], self.device)
         self.model.load_state_dict(ckpt["model"])
         for opt, state in zip(self.optimizers, ckpt["optimizers"], strict=True):
             opt.load_state_dict(state)
@@ -200,6 +202,9 @@ class Trainer:
         self.step, self.states = ckpt["step"], ckpt["states"]
 
     def save(self):
+        if self.ddp.world_size > 1:
+            checkpoint.save_rank_states(self.run_dir, self.ddp.rank, self.step, self.states)
+            dist.barrier()  # the main checkpoint only once every process has its states on disk
         if self.ddp.main:
             checkpoint.save(self.run_dir, self._state_dict())
 

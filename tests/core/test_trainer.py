@@ -134,20 +134,33 @@ def test_dry_run_prints_the_paper_plan(default_corpus_root, capsys):
     assert "18,265" in out and "55,416 tokens/s" in out  # Table 5/6: GPT small, 6h, batch 128
 
 
+def run_script(project, args, processes=1):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    script = str(REPO_ROOT / "projects" / project / "train.py")
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)] if processes > 1 else []
+    subprocess.run([sys.executable, *launcher, script, *args], check=True, env=env, capture_output=True)
+
+
 def test_data_parallel_processes_equal_gradient_accumulation(default_corpus_root, tmp_path):
     """2 processes x 1 micro-batch (torchrun, DDP over gloo) train like 1 process x 2 micro-batches."""
     common = TINY + ["--data_root", str(default_corpus_root), "--max_steps", "4", "--log_every", "1",
                      "--run_name", "r", "--eval_max_batches", "1"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
-    script = str(REPO_ROOT / "projects" / "gpt" / "train.py")
-    subprocess.run([sys.executable, script, *common, "--micro_batches", "2", "--out_dir", str(tmp_path / "one")],
-                   check=True, env=env, capture_output=True)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script,
-                    *common, "--out_dir", str(tmp_path / "two")], check=True, env=env, capture_output=True)
+    run_script("gpt", common + ["--micro_batches", "2", "--out_dir", str(tmp_path / "one")])
+    run_script("gpt", common + ["--out_dir", str(tmp_path / "two")], processes=2)
     one, two = train_losses(tmp_path / "one" / "r"), train_losses(tmp_path / "two" / "r")
     assert [s for s, _ in one] == [s for s, _ in two] == [1, 2, 3, 4]
     for (_, a), (_, b) in zip(one, two):
         assert a == pytest.approx(b, rel=1e-5)
+
+
+def test_data_parallel_resume_restores_every_process_recurrent_state(default_corpus_root, tmp_path):
+    """A stateful model (qLSTM) under DDP: each process's streams keep their own state across a resume."""
+    common = TINY + ["--data_root", str(default_corpus_root), "--max_steps", "4", "--log_every", "1",
+                     "--run_name", "r", "--eval_max_batches", "1", "--slow_eval_max_windows", "1"]
+    run_script("qlstm", common + ["--out_dir", str(tmp_path / "whole")], processes=2)
+    run_script("qlstm", common + ["--out_dir", str(tmp_path / "split"), "--stop_at_step", "2"], processes=2)
+    run_script("qlstm", common + ["--out_dir", str(tmp_path / "split"), "--resume", "true"], processes=2)
+    assert train_losses(tmp_path / "split" / "r") == train_losses(tmp_path / "whole" / "r")
 
 
 def test_wandb_logging_runs_without_prompts(default_corpus_root, tmp_path, monkeypatch):
