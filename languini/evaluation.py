@@ -29,7 +29,7 @@ class EvalResult:
     def as_dict(self) -> dict:
         return {"loss": self.loss_sum / max(self.tokens, 1),
                 "normalised_perplexity": normalised_perplexity(self.loss_sum, max(self.bytes, 1)),
-                "tokens": self.tokens, "bytes": self.bytes}
+                "scored_tokens": self.tokens, "scored_bytes": self.bytes}
 
 
 def scored_loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, bytes_per_token: torch.Tensor):

@@ -24,12 +24,14 @@ def write_run(root, name, project, compute_class, hours, flops, perplexity, spli
     results = {
         "project": project, "config": "small", "compute_class": compute_class, "accelerator_seconds": hours * 3600,
         "accelerator_hours": hours, "total_flops": flops,
-        "eval": {mode: {split: {"loss": 1.0, "normalised_perplexity": perplexity, "tokens": 10, "bytes": 40}}},
+        "eval": {mode: {split: {"loss": 1.0, "normalised_perplexity": perplexity, "scored_tokens": 10,
+                                  "scored_bytes": 40}}},
     }
     (run / "results.json").write_text(json.dumps(results))
     rows = [{"event": "train", "step": 1, "tokens": 1, "accelerator_seconds": 1.0, "loss": 5.0, "lr": 1e-3}]
     rows += [{"event": "eval", "step": i, "tokens": i, "accelerator_seconds": s, "split": split, "mode": mode,
-              "loss": 1.0, "normalised_perplexity": p, "tokens_scored": 10, "bytes": 40} for i, (s, p) in enumerate(curve)]
+              "loss": 1.0, "normalised_perplexity": p, "scored_tokens": 10, "scored_bytes": 40}
+             for i, (s, p) in enumerate(curve)]
     (run / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return run
 

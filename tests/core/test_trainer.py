@@ -55,6 +55,9 @@ def test_killed_and_resumed_run_has_the_losses_of_an_uninterrupted_one(default_c
     assert train_losses(run_b) == train_losses(tmp_path / "a" / "r")
     assert [s for s, _ in train_losses(run_b)] == list(range(1, 9))
     assert resumed["eval"] == whole["eval"]
+    eval_rows = [json.loads(line) for line in (run_b / "log.jsonl").read_text().splitlines()]
+    eval_rows = [r for r in eval_rows if r["event"] == "eval"]
+    assert all(r["tokens"] == r["step"] * 4 * 32 for r in eval_rows)  # training tokens, not tokens scored
     results = json.loads((run_b / "results.json").read_text())
     assert results["steps"] == 8 and results["tokens_seen"] == 8 * 4 * 32
     assert set(results["eval"]["slow"]) == {"valid", "test", "ood_series"}
