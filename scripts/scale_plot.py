@@ -173,13 +173,27 @@ def plot_scaling(points: list[Point], fits: list[Fit], out: Path, title: str) ->
     plt.close(figure)
 
 
-def plot_curves(runs: list[Path], out: Path, mode: str, split: str) -> int:
-    """Normalised perplexity over accelerator seconds from each run's eval rows; returns the curves drawn."""
+def curve_split(rows: list[dict], mode: str) -> str | None:
+    """The split a run evaluated during training: the one with the most `mode` eval rows."""
+    counts = {}
+    for r in rows:
+        if r.get("event") == "eval" and r.get("mode") == mode:
+            counts[r["split"]] = counts.get(r["split"], 0) + 1
+    return max(counts, key=counts.get) if counts else None
+
+
+def plot_curves(runs: list[Path], out: Path, mode: str, split: str | None) -> int:
+    """Normalised perplexity over accelerator seconds from each run's eval rows; returns the curves drawn.
+
+    Without a split, each run's training-time eval split (valid, or test) is drawn."""
     figure, axis = plt.subplots(figsize=(8, 5))
-    drawn, classes = 0, set()
+    drawn, classes, splits = 0, set(), set()
     for run in runs:
         rows = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
-        evals = [r for r in rows if r.get("event") == "eval" and r.get("mode") == mode and r.get("split") == split]
+        run_split = split or curve_split(rows, mode)
+        splits.add(run_split)
+        evals = [r for r in rows if r.get("event") == "eval" and r.get("mode") == mode and r.get("split") == run_split
+                 and r.get("accelerator_seconds") is not None]
         if not evals:
             continue
         evals.sort(key=lambda r: r["accelerator_seconds"])
@@ -194,7 +208,7 @@ def plot_curves(runs: list[Path], out: Path, mode: str, split: str) -> int:
     axis.xaxis.set_minor_formatter(NullFormatter())
     axis.set_xlabel("accelerator seconds (reference hardware)")
     axis.set_ylabel("normalised perplexity")
-    axis.set_title(f"learning curves ({mode} eval, {split})", fontsize=9)
+    axis.set_title(f"learning curves ({mode} eval, {', '.join(sorted(s for s in splits if s))})", fontsize=9)
     compute_class_lines(axis, classes)
     axis.legend(fontsize=7)
     axis.grid(True, which="both", alpha=0.3)
@@ -208,8 +222,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="run directories, or folders searched for results.json")
     parser.add_argument("--out", required=True, help="image file to write, e.g. scale.png")
-    parser.add_argument("--mode", choices=("fast", "slow"), default="slow", help="which eval (default slow, as the paper)")
-    parser.add_argument("--split", default="test", help="eval split, e.g. test or an OOD split (default test)")
+    parser.add_argument("--mode", choices=("fast", "slow"), default=None,
+                        help="which eval (default: slow, as the paper; fast for --curves, as evaluated during training)")
+    parser.add_argument("--split", default=None,
+                        help="eval split, e.g. test or an OOD split (default: test; for --curves each run's "
+                             "training-time eval split)")
     parser.add_argument("--curves", action="store_true", help="draw learning curves from log.jsonl instead")
     parser.add_argument("--all_runs", type=parse_bool, default=False,
                         help="plot every run, not only the best per project and compute class (true/false)")
@@ -221,9 +238,10 @@ def main(argv=None) -> list[Fit]:
     runs = find_runs(args.runs)
     out = Path(args.out)
     if args.curves:
-        drawn = plot_curves(runs, out, args.mode, args.split)
+        drawn = plot_curves(runs, out, args.mode or "fast", args.split)
         print(f"wrote {out} ({drawn} learning curves)")
         return []
+    args.mode, args.split = args.mode or "slow", args.split or "test"
     points, skipped = load_points(runs, args.mode, args.split)
     for reason in skipped:
         print(f"skipped {reason}")

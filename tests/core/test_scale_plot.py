@@ -100,11 +100,11 @@ def test_learning_curves_are_drawn_from_the_logs(scale_plot, tmp_path, capsys):
     write_run(tmp_path, "gpt_1h", "gpt", "1h", 1, 1e16, 2.5, mode="fast", curve=curve)
     write_run(tmp_path, "qlstm_1h", "qlstm", "1h", 1, 1e16, 2.7, mode="fast", curve=curve[:2])
     out = tmp_path / "curves.png"
-    scale_plot.main([str(tmp_path / "gpt_1h"), str(tmp_path / "qlstm_1h"), "--out", str(out), "--curves", "--mode", "fast"])
-    assert "2 learning curves" in capsys.readouterr().out
+    scale_plot.main([str(tmp_path / "gpt_1h"), str(tmp_path / "qlstm_1h"), "--out", str(out), "--curves"])
+    assert "2 learning curves" in capsys.readouterr().out  # fast eval rows on each run's own split by default
     assert out.read_bytes().startswith(PNG_MAGIC)
     with pytest.raises(SystemExit, match="no slow eval rows"):
-        scale_plot.main([str(tmp_path), "--out", str(out), "--curves"])
+        scale_plot.main([str(tmp_path), "--out", str(out), "--curves", "--mode", "slow"])
 
 
 def test_paths_without_runs_are_errors(scale_plot, tmp_path):
