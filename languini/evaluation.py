@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from languini.books import Book, eval_batches, sliding_windows
 
@@ -51,11 +52,11 @@ class Evaluator:
         self.autocast, self.rank, self.world_size = autocast, rank, world_size
 
     @torch.no_grad()
-    def _run(self, model, batches) -> EvalResult:
+    def _run(self, model, batches, desc: str) -> EvalResult:
         """Sum the loss over batches; a stateful model carries its state from one batch to the next."""
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)
         state = None
-        for x, y, mask in batches:
+        for x, y, mask in tqdm(batches, desc=desc, unit="batch", leave=False, disable=self.rank != 0):
             x, y, mask = (t.to(self.device, non_blocking=True) for t in (x, y, mask))
             with self.autocast():
                 logits, state = model(x, state)
@@ -71,7 +72,7 @@ class Evaluator:
         model.eval()
         try:
             return self._run(model, eval_batches(books, self.vocab_size, self.batch_size, self.seq_len,
-                                                 self.rank, self.world_size, self.max_batches))
+                                                 self.rank, self.world_size, self.max_batches), "fast eval")
         finally:
             model.train(was_training)
 
@@ -86,9 +87,9 @@ class Evaluator:
                     batches = []
                 else:
                     batches = eval_batches(books, self.vocab_size, 1, self.seq_len, 0, 1, self.slow_max_windows)
-                return self._run(model, batches)
+                return self._run(model, batches, "slow eval")
             return self._run(model, sliding_windows(books, self.vocab_size, self.seq_len, max(self.seq_len // 4, 1),
                                                     self.batch_size, self.rank, self.world_size,
-                                                    self.slow_max_windows))
+                                                    self.slow_max_windows), "slow eval")
         finally:
             model.train(was_training)
