@@ -1,11 +1,54 @@
+"""Shared fixtures, and the device the kernel tests run on.
+
+LANGUINI_TEST_DEVICE=cpu (the default) runs the Triton kernels under the interpreter on CPU;
+LANGUINI_TEST_DEVICE=cuda compiles them for the GPU and the kernel tests put their inputs there
+(scripts/gpu_session.sh runs them so). The tests in CPU_ONLY_TESTS are skipped on cuda.
+"""
 import os
 
 import pytest
 import torch
 
-# The Triton interpreter must be switched on before any kernel is defined.
-os.environ.setdefault("TRITON_INTERPRET", "1")
+TEST_DEVICES = ("cpu", "cuda")
+TEST_DEVICE = os.environ.get("LANGUINI_TEST_DEVICE", "cpu")
+
+# The Triton interpreter must be switched on before any kernel is defined; on cuda it must stay off.
+if TEST_DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
+
+# Tests that run a Triton kernel on CPU tensors on purpose, so only under the interpreter.
+CPU_ONLY_TESTS = {
+    "tests/lram_gpt/test_model.py::test_profiler_sees_nothing_of_theta_on_either_path":
+        "forces the Triton lookup on a CPU model",
+    "tests/qlstm/test_bench_script.py::test_bench_prints_one_row_per_implementation":
+        "times the Triton scan on CPU",
+}
+
+
+def pytest_configure(config):
+    if TEST_DEVICE not in TEST_DEVICES:
+        raise pytest.UsageError(f"LANGUINI_TEST_DEVICE must be one of {TEST_DEVICES}, got {TEST_DEVICE!r}")
+    if TEST_DEVICE == "cuda":
+        if os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on"):
+            raise pytest.UsageError("LANGUINI_TEST_DEVICE=cuda tests the compiled kernels: unset TRITON_INTERPRET")
+        if not torch.cuda.is_available():
+            raise pytest.UsageError("LANGUINI_TEST_DEVICE=cuda but torch sees no CUDA device")
+
+
+def pytest_collection_modifyitems(config, items):
+    if TEST_DEVICE == "cpu":
+        return
+    for item in items:
+        reason = CPU_ONLY_TESTS.get(item.nodeid.split("[")[0])
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=f"CPU only: {reason}"))
+
+
+@pytest.fixture(scope="session")
+def device():
+    """Where the kernel tests put the inputs of the path under test (LANGUINI_TEST_DEVICE)."""
+    return torch.device(TEST_DEVICE)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""The Triton lattice read against the PyTorch reference (lattice.interpolate), under the interpreter on CPU."""
+"""The Triton lattice read against the PyTorch reference (lattice.interpolate), both on the test device
+(under the interpreter on CPU)."""
 import pytest
 import torch
 
@@ -19,16 +20,17 @@ def random_queries(n, K, seed):
 
 def weight_per_location(index, weight, n_locations):
     """Total weight per memory location for each row: comparable whatever order equal weights came in."""
-    dense = torch.zeros(index.shape[0], n_locations, dtype=torch.float64)
+    dense = torch.zeros(index.shape[0], n_locations, dtype=torch.float64, device=index.device)
     return dense.scatter_add_(1, index, weight.double())
 
 
-def reference_and_triton(q, values, K, value_grad, topk=32):
-    """Outputs and gradients of both paths for the same random upstream gradient."""
+def reference_and_triton(q, values, K, value_grad, device, topk=32):
+    """Outputs and gradients of both paths on `device` for the same random upstream gradient."""
+    q, values = q.to(device), values.to(device)
     q_ref = q.clone().requires_grad_()
     v_ref = values.float().clone().requires_grad_()  # fp32 copy of the (maybe bf16) values: the exact target
     out_ref = L.interpolate(q_ref, v_ref, K, topk)
-    grad_out = torch.randn(out_ref.shape, generator=torch.Generator().manual_seed(0))
+    grad_out = torch.randn(out_ref.shape, generator=torch.Generator().manual_seed(0)).to(device)
     out_ref.backward(grad_out)
 
     q_tri = q.clone().requires_grad_()
@@ -50,10 +52,10 @@ def reference_and_triton(q, values, K, value_grad, topk=32):
         ((8,) * 8, 17, torch.bfloat16, "atomic"),
     ],
 )
-def test_interpolate_matches_reference(K, n_rows, dtype, value_grad):
+def test_interpolate_matches_reference(K, n_rows, dtype, value_grad, device):
     q = random_queries(n_rows, K, seed=n_rows)
     values = torch.randn(L.memory_size(K), 64, generator=torch.Generator().manual_seed(1)).to(dtype)
-    (out_ref, gq_ref, gv_ref), (out_tri, gq_tri, gv_tri) = reference_and_triton(q, values, K, value_grad)
+    (out_ref, gq_ref, gv_ref), (out_tri, gq_tri, gv_tri) = reference_and_triton(q, values, K, value_grad, device)
     torch.testing.assert_close(out_tri, out_ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(gq_tri, gq_ref, atol=1e-4, rtol=1e-4)
     if dtype == torch.float32:
@@ -62,11 +64,12 @@ def test_interpolate_matches_reference(K, n_rows, dtype, value_grad):
         torch.testing.assert_close(gv_tri.float(), gv_ref, atol=1e-2, rtol=1e-2)
 
 
-def test_value_dim_that_is_not_a_power_of_two_and_small_topk():
+def test_value_dim_that_is_not_a_power_of_two_and_small_topk(device):
     K = SMALL
     q = random_queries(11, K, seed=3).view(11, 1, 8)  # extra leading dims are kept
     values = torch.randn(L.memory_size(K), 24, generator=torch.Generator().manual_seed(2))
-    (out_ref, gq_ref, gv_ref), (out_tri, gq_tri, gv_tri) = reference_and_triton(q, values, K, "atomic", topk=7)
+    (out_ref, gq_ref, gv_ref), (out_tri, gq_tri, gv_tri) = reference_and_triton(q, values, K, "atomic", device,
+                                                                                 topk=7)
     assert out_tri.shape == (11, 1, 24)
     torch.testing.assert_close(out_tri, out_ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(gq_tri, gq_ref, atol=1e-4, rtol=1e-4)
@@ -74,8 +77,8 @@ def test_value_dim_that_is_not_a_power_of_two_and_small_topk():
 
 
 @pytest.mark.parametrize("K", [SMALL, ODD])
-def test_lookup_matches_reference(K):
-    q = random_queries(29, K, seed=4)
+def test_lookup_matches_reference(K, device):
+    q = random_queries(29, K, seed=4).to(device)
     index, weight = lookup_triton(q, K)
     index_ref, weight_ref = L.lookup(q, K)
     assert index.dtype == torch.int64 and index.shape == (29, 32)
@@ -86,11 +89,11 @@ def test_lookup_matches_reference(K):
                                atol=1e-6, rtol=1e-6)
 
 
-def test_theta_end_to_end_gradient_matches_reference():
+def test_theta_end_to_end_gradient_matches_reference(device):
     K = SMALL
     g = torch.Generator().manual_seed(5)
-    z = torch.randn(3, 5, 2, 16, generator=g)  # [B, T, heads, 16], an odd token count
-    values = torch.randn(L.memory_size(K), 64, generator=g)
+    z = torch.randn(3, 5, 2, 16, generator=g).to(device)  # [B, T, heads, 16], an odd token count
+    values = torch.randn(L.memory_size(K), 64, generator=g).to(device)
     grads = []
     for use_triton in (False, True):
         z_, v_ = z.clone().requires_grad_(), values.clone().requires_grad_()
@@ -101,10 +104,10 @@ def test_theta_end_to_end_gradient_matches_reference():
         torch.testing.assert_close(tri, ref, atol=1e-4, rtol=1e-4)
 
 
-def test_triton_path_under_torch_compile():
+def test_triton_path_under_torch_compile(device):
     K = SMALL
-    q = random_queries(9, K, seed=6).requires_grad_()
-    values = torch.randn(L.memory_size(K), 64, generator=torch.Generator().manual_seed(7), requires_grad=True)
+    q = random_queries(9, K, seed=6).to(device).requires_grad_()
+    values = torch.randn(L.memory_size(K), 64, generator=torch.Generator().manual_seed(7)).to(device).requires_grad_()
     compiled = torch.compile(lambda q, v: (interpolate_triton(q, v, K) * 2).sum(), backend="eager", fullgraph=False)
     compiled(q, values).backward()
     expected = L.interpolate(q.detach(), values.detach(), K) * 2
@@ -123,12 +126,12 @@ def test_bad_input_raises():
 
 
 @pytest.mark.parametrize("K, n_rows, dtype", [(SMALL, 13, torch.float32), (ODD, 15, torch.bfloat16)])
-def test_sparse_value_gradient_matches_dense_and_reference(K, n_rows, dtype):
-    q = random_queries(n_rows, K, seed=8)
-    values = torch.randn(L.memory_size(K), 40, generator=torch.Generator().manual_seed(9)).to(dtype)
-    (_, _, gv_ref), (_, gq_dense, gv_dense) = reference_and_triton(q, values, K, "atomic")
+def test_sparse_value_gradient_matches_dense_and_reference(K, n_rows, dtype, device):
+    q = random_queries(n_rows, K, seed=8).to(device)
+    values = torch.randn(L.memory_size(K), 40, generator=torch.Generator().manual_seed(9)).to(device, dtype)
+    (_, _, gv_ref), (_, gq_dense, gv_dense) = reference_and_triton(q, values, K, "atomic", device)
     q_s, v_s = q.clone().requires_grad_(), values.clone().requires_grad_()
-    grad_out = torch.randn(n_rows, 40, generator=torch.Generator().manual_seed(0))  # as reference_and_triton
+    grad_out = torch.randn(n_rows, 40, generator=torch.Generator().manual_seed(0)).to(device)  # as reference_and_triton
     interpolate_triton(q_s, v_s, K, value_grad="atomic", sparse=True).backward(grad_out)
     assert v_s.grad.layout == torch.sparse_coo and v_s.grad.dtype == dtype
     torch.testing.assert_close(q_s.grad, gq_dense, rtol=0, atol=0)

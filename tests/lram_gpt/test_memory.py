@@ -104,10 +104,10 @@ def test_layer_norm_queries_keep_the_block_causal_and_batch_norm_does_not():
     assert not torch.allclose(batch(x)[:, :4], batch(later_changed)[:, :4])
 
 
-def test_block_triton_path_matches_reference():
+def test_block_triton_path_matches_reference(device):
     torch.manual_seed(4)
-    block = LRAMBlock(16, memory_size=256, use_triton=False)
-    x = torch.randn(1, 7, 16)
+    block = LRAMBlock(16, memory_size=256, use_triton=False).to(device)
+    x = torch.randn(1, 7, 16).to(device)
     expected = block(x)
     block.use_triton = True
     torch.testing.assert_close(block(x), expected, atol=1e-5, rtol=1e-5)
@@ -130,10 +130,10 @@ def test_cpu_tensors_take_the_reference_path_unless_forced(monkeypatch):
     assert len(calls) == 1
 
 
-def test_block_with_triton_path_under_torch_compile():
+def test_block_with_triton_path_under_torch_compile(device):
     torch.manual_seed(5)
-    block = LRAMBlock(16, memory_size=256, use_triton=True)
-    x = torch.randn(1, 5, 16)
+    block = LRAMBlock(16, memory_size=256, use_triton=True).to(device)
+    x = torch.randn(1, 5, 16).to(device)
     expected = block(x)
     compiled = torch.compile(block, backend="eager")
     out = compiled(x)
@@ -197,10 +197,10 @@ def test_sparse_value_gradient_is_the_dense_one_on_the_rows_read(K, dtype):
 
 
 @pytest.mark.parametrize("use_triton", [False, True])
-def test_sparse_adam_step_changes_only_rows_read(use_triton):
+def test_sparse_adam_step_changes_only_rows_read(use_triton, device):
     torch.manual_seed(7)
-    block = LRAMBlock(32, memory_size=2 ** 12, sparse_values=True, use_triton=use_triton)
-    x = torch.randn(1, 3, 32)
+    block = LRAMBlock(32, memory_size=2 ** 12, sparse_values=True, use_triton=use_triton).to(device)
+    x = torch.randn(1, 3, 32).to(device)
     index, _ = block.read_locations(x)
     before = block.values.detach().clone()
     block(x).square().sum().backward()
@@ -212,10 +212,10 @@ def test_sparse_adam_step_changes_only_rows_read(use_triton):
 
 
 @pytest.mark.parametrize("use_triton", [False, True])
-def test_sparse_values_under_torch_compile(use_triton):
+def test_sparse_values_under_torch_compile(use_triton, device):
     torch.manual_seed(8)
-    block = LRAMBlock(16, memory_size=256, use_triton=use_triton, sparse_values=True)
-    x = torch.randn(1, 5, 16)
+    block = LRAMBlock(16, memory_size=256, use_triton=use_triton, sparse_values=True).to(device)
+    x = torch.randn(1, 5, 16).to(device)
     expected = block(x)
     expected.sum().backward()
     eager_grad = block.values.grad.to_dense()

@@ -1,5 +1,5 @@
-"""Weighted embedding bag: reference and Triton kernels (interpreter on CPU) against torch's embedding_bag,
-with dense and row-sparse value gradients."""
+"""Weighted embedding bag: reference and Triton kernels on the test device (interpreter on CPU) against torch's
+embedding_bag on CPU, with dense and row-sparse value gradients."""
 
 import pytest
 import torch
@@ -36,6 +36,10 @@ def random_inputs(num_rows, num_bags, bag_size, v_dim, values_dtype, weights_dty
     return values, indices, weights, grad_out
 
 
+def on(device, *tensors):
+    return [t.to(device) for t in tensors]
+
+
 def output_and_grads(fn, values, indices, weights, grad_out):
     values = values.clone().requires_grad_()
     weights = weights.clone().requires_grad_()
@@ -54,27 +58,28 @@ def torch_embedding_bag_fp32(values, indices, weights, grad_out):
 @pytest.mark.parametrize("name", IMPLEMENTATIONS)
 @pytest.mark.parametrize("values_dtype,weights_dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_matches_torch_embedding_bag(name, values_dtype, weights_dtype, shape):
+def test_matches_torch_embedding_bag(name, values_dtype, weights_dtype, shape, device):
     values, indices, weights, grad_out = random_inputs(*shape, values_dtype, weights_dtype, seed=sum(shape))
-    out, grad_values, grad_weights = output_and_grads(IMPLEMENTATIONS[name], values, indices, weights, grad_out)
+    out, grad_values, grad_weights = output_and_grads(IMPLEMENTATIONS[name],
+                                                      *on(device, values, indices, weights, grad_out))
     expected_out, expected_grad_values, expected_grad_weights = torch_embedding_bag_fp32(
         values, indices, weights, grad_out)
 
     assert out.dtype == torch.promote_types(values_dtype, weights_dtype)
     assert grad_values.dtype == values_dtype and grad_weights.dtype == weights_dtype
     # fp32 accumulation rounded once to the result dtype: within that dtype's default tolerance.
-    torch.testing.assert_close(out, expected_out.to(out.dtype))
-    torch.testing.assert_close(grad_values, expected_grad_values.to(values_dtype))
-    torch.testing.assert_close(grad_weights, expected_grad_weights.to(weights_dtype))
+    torch.testing.assert_close(out, expected_out.to(device, out.dtype))
+    torch.testing.assert_close(grad_values, expected_grad_values.to(device, values_dtype))
+    torch.testing.assert_close(grad_weights, expected_grad_weights.to(device, weights_dtype))
 
 
 @pytest.mark.parametrize("name", SPARSE_IMPLEMENTATIONS)
 @pytest.mark.parametrize("values_dtype,weights_dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_sparse_value_gradient_is_the_dense_one_on_the_rows_read(name, values_dtype, weights_dtype, shape):
+def test_sparse_value_gradient_is_the_dense_one_on_the_rows_read(name, values_dtype, weights_dtype, shape, device):
     values, indices, weights, grad_out = random_inputs(*shape, values_dtype, weights_dtype, seed=sum(shape))
-    out, grad_values, grad_weights = output_and_grads(SPARSE_IMPLEMENTATIONS[name], values, indices, weights,
-                                                      grad_out)
+    out, grad_values, grad_weights = output_and_grads(SPARSE_IMPLEMENTATIONS[name],
+                                                      *on(device, values, indices, weights, grad_out))
     expected_out, expected_grad_values, expected_grad_weights = torch_embedding_bag_fp32(
         values, indices, weights, grad_out)
 
@@ -82,46 +87,47 @@ def test_sparse_value_gradient_is_the_dense_one_on_the_rows_read(name, values_dt
     # Coalesced, as nn.Embedding(sparse=True) is not: exactly the rows read, each once, rising.
     assert grad_values.is_coalesced()
     assert grad_values.indices()[0].tolist() == sorted(set(indices.flatten().tolist()))
-    torch.testing.assert_close(grad_values.to_dense(), expected_grad_values.to(values_dtype))
-    torch.testing.assert_close(out, expected_out.to(out.dtype))
-    torch.testing.assert_close(grad_weights, expected_grad_weights.to(weights_dtype))
+    torch.testing.assert_close(grad_values.to_dense(), expected_grad_values.to(device, values_dtype))
+    torch.testing.assert_close(out, expected_out.to(device, out.dtype))
+    torch.testing.assert_close(grad_weights, expected_grad_weights.to(device, weights_dtype))
 
 
 @pytest.mark.parametrize("name", ["triton-atomic", "triton-sorted"])
 @pytest.mark.parametrize("values_dtype,weights_dtype", DTYPES)
-def test_triton_matches_reference(name, values_dtype, weights_dtype):
-    values, indices, weights, grad_out = random_inputs(23, 29, 13, 41, values_dtype, weights_dtype, seed=5)
-    actual = output_and_grads(IMPLEMENTATIONS[name], values, indices, weights, grad_out)
-    expected = output_and_grads(embedding_bag_reference, values, indices, weights, grad_out)
+def test_triton_matches_reference(name, values_dtype, weights_dtype, device):
+    inputs = on(device, *random_inputs(23, 29, 13, 41, values_dtype, weights_dtype, seed=5))
+    actual = output_and_grads(IMPLEMENTATIONS[name], *inputs)
+    expected = output_and_grads(embedding_bag_reference, *inputs)
     for a, e in zip(actual, expected):
         torch.testing.assert_close(a, e)
 
 
 @pytest.mark.parametrize("value_grad", ["atomic", "sorted"])
-def test_untouched_rows_get_zero_gradient(value_grad):
+def test_untouched_rows_get_zero_gradient(value_grad, device):
     values, _, weights, grad_out = random_inputs(50, 9, 5, 17, torch.float32, torch.float32, seed=3)
     indices = torch.randint(10, 20, (9, 5))  # rows outside [10, 20) are never read
+    values, indices, weights, grad_out = on(device, values, indices, weights, grad_out)
     _, grad_values, _ = output_and_grads(
         lambda v, i, w: embedding_bag_triton(v, i, w, value_grad=value_grad), values, indices, weights, grad_out)
-    untouched = torch.ones(50, dtype=torch.bool)
+    untouched = torch.ones(50, dtype=torch.bool, device=device)
     untouched[indices.flatten()] = False
     assert untouched.sum() > 0
     assert torch.all(grad_values[untouched] == 0)
     assert torch.all(grad_values[~untouched].abs().sum(1) > 0)
 
 
-def test_only_requested_gradients():
-    values, indices, weights, _ = random_inputs(7, 4, 3, 5, torch.float32, torch.float32, seed=1)
+def test_only_requested_gradients(device):
+    values, indices, weights = on(device, *random_inputs(7, 4, 3, 5, torch.float32, torch.float32, seed=1)[:3])
     values.requires_grad_()
     embedding_bag_triton(values, indices, weights).sum().backward()
     assert values.grad is not None and weights.grad is None
 
 
 @pytest.mark.parametrize("sparse_values", [False, True])
-def test_empty_batch(sparse_values):
-    values = torch.randn(5, 3, requires_grad=True)
-    out = embedding_bag_triton(values, torch.zeros(0, 4, dtype=torch.int64), torch.zeros(0, 4),
-                               sparse_values=sparse_values)
+def test_empty_batch(sparse_values, device):
+    values = torch.randn(5, 3, device=device, requires_grad=True)
+    out = embedding_bag_triton(values, torch.zeros(0, 4, dtype=torch.int64, device=device),
+                               torch.zeros(0, 4, device=device), sparse_values=sparse_values)
     assert out.shape == (0, 3)
     out.sum().backward()
     assert values.grad.layout == (torch.sparse_coo if sparse_values else torch.strided)
@@ -151,8 +157,8 @@ def test_bad_input_raises_value_error(bad):
 
 
 @pytest.mark.parametrize("value_grad", ["atomic", "sorted"])
-def test_compiles_without_graph_break(value_grad):
-    values, indices, weights, grad_out = random_inputs(13, 6, 5, 7, torch.float32, torch.float32, seed=4)
+def test_compiles_without_graph_break(value_grad, device):
+    values, indices, weights, grad_out = on(device, *random_inputs(13, 6, 5, 7, torch.float32, torch.float32, seed=4))
 
     def bag_times_two(v, i, w):
         return embedding_bag_triton(v, i, w, value_grad=value_grad) * 2
@@ -166,9 +172,9 @@ def test_compiles_without_graph_break(value_grad):
 
 
 @pytest.mark.parametrize("name", SPARSE_IMPLEMENTATIONS)
-def test_sparse_value_gradient_under_torch_compile(name):
+def test_sparse_value_gradient_under_torch_compile(name, device):
     # The sparse path is a graph break (its row count depends on the data); the compiled rest still runs.
-    values, indices, weights, grad_out = random_inputs(13, 6, 5, 7, torch.float32, torch.float32, seed=6)
+    values, indices, weights, grad_out = on(device, *random_inputs(13, 6, 5, 7, torch.float32, torch.float32, seed=6))
 
     def bag_times_two(v, i, w):
         return SPARSE_IMPLEMENTATIONS[name](v, i, w) * 2

@@ -60,32 +60,32 @@ def test_default_config_is_causal_layernorm():
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_output_shape_and_dtype(path):
-    layer = tiny_layer(**PATHS[path])
-    assert layer(torch.randn(3, 5, 12)).shape == (3, 5, 10)
-    assert layer.to(torch.bfloat16)(torch.randn(3, 5, 12, dtype=torch.bfloat16)).dtype == torch.bfloat16
+def test_output_shape_and_dtype(path, device):
+    layer = tiny_layer(**PATHS[path]).to(device)
+    assert layer(torch.randn(3, 5, 12).to(device)).shape == (3, 5, 10)
+    assert layer.to(torch.bfloat16)(torch.randn(3, 5, 12, dtype=torch.bfloat16).to(device)).dtype == torch.bfloat16
     assert tiny_layer(v_dim=None, use_triton=False)(torch.randn(1, 2, 12)).shape == (1, 2, 12)
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_value_gradient_only_on_touched_rows(path):
-    layer = tiny_layer(n_keys=9, **PATHS[path])  # 81 rows, 2 * 3 tokens * 3 heads * 4 slots = 72 accesses
-    x = torch.randn(2, 3, 12)
-    (layer(x) * torch.randn(2, 3, 10)).sum().backward()
+def test_value_gradient_only_on_touched_rows(path, device):
+    layer = tiny_layer(n_keys=9, **PATHS[path]).to(device)  # 81 rows, 2 * 3 tokens * 3 heads * 4 slots = 72 accesses
+    x = torch.randn(2, 3, 12).to(device)
+    (layer(x) * torch.randn(2, 3, 10).to(device)).sum().backward()
     indices, _ = layer.lookup(x)
-    touched = torch.zeros(layer.num_values, dtype=torch.bool)
+    touched = torch.zeros(layer.num_values, dtype=torch.bool, device=device)
     touched[indices.flatten()] = True
     assert 0 < touched.sum() < layer.num_values
     assert torch.equal(layer.values.grad.abs().sum(dim=1) > 0, touched)
 
 
 @pytest.mark.parametrize("path", ["triton-atomic", "triton-sorted"])
-def test_triton_layer_matches_reference_layer(path):
-    x = torch.randn(2, 7, 12)
-    grad_out = torch.randn(2, 7, 10)
+def test_triton_layer_matches_reference_layer(path, device):
+    x = torch.randn(2, 7, 12).to(device)
+    grad_out = torch.randn(2, 7, 10).to(device)
     results = []
     for options in (PATHS["reference"], PATHS[path]):
-        layer = tiny_layer(seed=1, **options)
+        layer = tiny_layer(seed=1, **options).to(device)
         out = layer(x)
         (out * grad_out).sum().backward()
         results.append((out, {name: p.grad for name, p in layer.named_parameters()}))
@@ -97,12 +97,12 @@ def test_triton_layer_matches_reference_layer(path):
 
 
 @pytest.mark.parametrize("path", ["reference", "triton-atomic"])
-def test_sparse_values_layer_matches_dense_layer(path):
-    x = torch.randn(2, 7, 12)
-    grad_out = torch.randn(2, 7, 10)
+def test_sparse_values_layer_matches_dense_layer(path, device):
+    x = torch.randn(2, 7, 12).to(device)
+    grad_out = torch.randn(2, 7, 10).to(device)
     results = []
     for sparse_values in (False, True):
-        layer = tiny_layer(seed=1, sparse_values=sparse_values, **PATHS[path])
+        layer = tiny_layer(seed=1, sparse_values=sparse_values, **PATHS[path]).to(device)
         out = layer(x)
         (out * grad_out).sum().backward()
         results.append((out, {name: p.grad for name, p in layer.named_parameters()}))
@@ -115,13 +115,13 @@ def test_sparse_values_layer_matches_dense_layer(path):
 
 
 @pytest.mark.parametrize("path", ["reference", "triton-sorted"])
-def test_sparse_adam_moves_only_the_rows_read_in_its_step(path):
+def test_sparse_adam_moves_only_the_rows_read_in_its_step(path, device):
     # Two steps on different tokens. Rows read only in the first keep Adam momentum, so dense Adam moves them in
     # the second step too (showing that the check can fail); SparseAdam moves only the second step's rows.
-    first, second = torch.randn(1, 2, 12), torch.randn(1, 2, 12)
+    first, second = torch.randn(1, 2, 12).to(device), torch.randn(1, 2, 12).to(device)
     moved = {}
     for sparse_values, optimizer_cls in ((True, torch.optim.SparseAdam), (False, torch.optim.Adam)):
-        layer = tiny_layer(n_keys=9, sparse_values=sparse_values, **PATHS[path])  # 81 rows, 24 reads per step
+        layer = tiny_layer(n_keys=9, sparse_values=sparse_values, **PATHS[path]).to(device)  # 81 rows, 24 reads/step
         optimizer = optimizer_cls(layer.value_parameters(), lr=1e-2)
         for x in (first, second):
             before = layer.values.detach().clone()
@@ -197,12 +197,12 @@ def test_bad_config_raises_value_error(bad):
         tiny_layer(**bad)
 
 
-def test_layer_compiles_without_graph_break():
-    layer = tiny_layer(use_triton=True)
-    x = torch.randn(2, 3, 12)
+def test_layer_compiles_without_graph_break(device):
+    layer = tiny_layer(use_triton=True).to(device)
+    x = torch.randn(2, 3, 12).to(device)
     torch._dynamo.reset()
     compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
     compiled(x).sum().backward()
-    expected = tiny_layer(use_triton=True)(x)
+    expected = tiny_layer(use_triton=True).to(device)(x)
     torch.testing.assert_close(compiled(x), expected)
     assert layer.values.grad is not None

@@ -84,14 +84,14 @@ def test_gpt_style_model_around_the_cell_matches_table_8(size):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_quasi_lstm_matches_lstm_cell_reference_without_recurrent_weights(impl):
+def test_quasi_lstm_matches_lstm_cell_reference_without_recurrent_weights(impl, device):
     torch.manual_seed(0)
     cell = randomise(QuasiLSTM(6, 2, 4, impl=impl, block_len=4), seed=1)
     x, c0 = torch.randn(3, 13, 6), torch.randn(3, 2, 4)
-    y, c_last = cell(x, c0)
-    want_y, want_c, _ = reference_forward(cell, x, c0, torch.zeros(3, 2, 4))
-    torch.testing.assert_close(y.double(), want_y, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(c_last.double(), want_c, rtol=1e-5, atol=1e-5)
+    want_y, want_c, _ = reference_forward(cell, x, c0, torch.zeros(3, 2, 4))  # float64 on CPU
+    y, c_last = cell.to(device)(x.to(device), c0.to(device))
+    torch.testing.assert_close(y.cpu().double(), want_y, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(c_last.cpu().double(), want_c, rtol=1e-5, atol=1e-5)
 
 
 def test_multi_head_lstm_matches_lstm_cell_reference():
@@ -105,13 +105,13 @@ def test_multi_head_lstm_matches_lstm_cell_reference():
     torch.testing.assert_close(h_last.double(), want_h, rtol=1e-5, atol=1e-5)
 
 
-def test_quasi_lstm_gradients_agree_across_implementations():
-    x = torch.randn(2, 19, 6)
+def test_quasi_lstm_gradients_agree_across_implementations(device):
+    x = torch.randn(2, 19, 6).to(device)
     grads = {}
     for impl in IMPLS:
-        cell = randomise(QuasiLSTM(6, 2, 4, impl=impl, block_len=8), seed=3)
+        cell = randomise(QuasiLSTM(6, 2, 4, impl=impl, block_len=8), seed=3).to(device)
         x_ = x.clone().requires_grad_()
-        y, c_last = cell(x_, torch.ones(2, 2, 4))
+        y, c_last = cell(x_, torch.ones(2, 2, 4, device=device))
         (y.sin().sum() + c_last.sum()).backward()
         grads[impl] = [x_.grad] + [p.grad for p in cell.parameters()]
     for impl in ["block", "triton"]:
@@ -120,9 +120,9 @@ def test_quasi_lstm_gradients_agree_across_implementations():
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_quasi_lstm_two_halves_with_carried_state_equal_whole(impl):
-    cell = randomise(QuasiLSTM(6, 2, 4, impl=impl, block_len=4), seed=4)
-    x = torch.randn(2, 23, 6)
+def test_quasi_lstm_two_halves_with_carried_state_equal_whole(impl, device):
+    cell = randomise(QuasiLSTM(6, 2, 4, impl=impl, block_len=4), seed=4).to(device)
+    x = torch.randn(2, 23, 6).to(device)
     y_whole, c_whole = cell(x)
     y_first, c_first = cell(x[:, :10])
     y_second, c_second = cell(x[:, 10:], c_first)

@@ -54,7 +54,7 @@ def test_forward_flops_match_table_8(size):
 
 
 @pytest.mark.parametrize("cell, impl", RUNS)
-def test_forward_flops_equal_a_hand_count(cell, impl):
+def test_forward_flops_equal_a_hand_count(cell, impl, device):
     # per token and layer: gates d -> 4HD, output HD -> d, MLP d -> 4d -> d (2 FLOPs per multiply-add),
     # two LayerNorms (DeepSpeed: 5 per element), GELU (1 per element), the recurrence (multiply and add
     # per cell element); the LSTM adds U h (HD -> 4D per head); then the final LayerNorm and the head.
@@ -66,13 +66,13 @@ def test_forward_flops_equal_a_hand_count(cell, impl):
     per_token = cfg.n_layers * layer + 5 * d + 2 * d * v
     # numpy's einsum_path, which DeepSpeed asks for the LSTM's einsum, adds a FLOP or so per call
     tolerance = 0 if cell == "qlstm" else 1e-3
-    assert flops.forward_flops(Model(cfg), 11, v) == pytest.approx(11 * per_token, rel=tolerance)
+    assert flops.forward_flops(Model(cfg).to(device), 11, v, device) == pytest.approx(11 * per_token, rel=tolerance)
 
 
 @pytest.mark.parametrize("cell, impl", RUNS)
-def test_two_halves_with_carried_state_equal_the_whole(cell, impl):
-    model = random_model(tiny_config(cell, impl))
-    x = torch.randint(50, (3, 23))
+def test_two_halves_with_carried_state_equal_the_whole(cell, impl, device):
+    model = random_model(tiny_config(cell, impl)).to(device)
+    x = torch.randint(50, (3, 23)).to(device)
     logits, state = model(x)
     first, carried = model(x[:, :10])
     second, state_after_halves = model(x[:, 10:], carried)
@@ -83,18 +83,18 @@ def test_two_halves_with_carried_state_equal_the_whole(cell, impl):
 
 
 @pytest.mark.parametrize("cell, impl", RUNS)
-def test_no_state_means_zeros(cell, impl):
-    model = random_model(tiny_config(cell, impl))
-    x = torch.randint(50, (2, 9))
-    zeros = torch.zeros(2, 2, 4)
+def test_no_state_means_zeros(cell, impl, device):
+    model = random_model(tiny_config(cell, impl)).to(device)
+    x = torch.randint(50, (2, 9)).to(device)
+    zeros = torch.zeros(2, 2, 4, device=device)
     layer_zeros = zeros if cell == "qlstm" else (zeros, zeros)
     torch.testing.assert_close(model(x)[0], model(x, [layer_zeros] * 2)[0])
 
 
 @pytest.mark.parametrize("cell, impl", RUNS)
-def test_causal(cell, impl):
-    model = random_model(tiny_config(cell, impl))
-    x = torch.randint(50, (2, 19))
+def test_causal(cell, impl, device):
+    model = random_model(tiny_config(cell, impl)).to(device)
+    x = torch.randint(50, (2, 19)).to(device)
     changed = x.clone()
     changed[:, 6] = (x[:, 6] + 1) % 50  # inside the second block of 4 steps
     before, after = model(x)[0], model(changed)[0]
@@ -102,11 +102,12 @@ def test_causal(cell, impl):
     assert (after[:, 6:] - before[:, 6:]).abs().amax(dim=-1).gt(1e-4).all()
 
 
-def test_implementations_agree_on_the_whole_model():
-    x = torch.randint(50, (2, 21))
-    want = random_model(tiny_config(impl="loop"))(x)[0]
+def test_implementations_agree_on_the_whole_model(device):
+    x = torch.randint(50, (2, 21)).to(device)
+    want = random_model(tiny_config(impl="loop")).to(device)(x)[0]
     for impl in ["block", "triton"]:
-        torch.testing.assert_close(random_model(tiny_config(impl=impl))(x)[0], want, rtol=1e-5, atol=1e-5)
+        got = random_model(tiny_config(impl=impl)).to(device)(x)[0]
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("field, value, message", [("cell", "gru", "cell must be"), ("impl", "scan", "impl must be"),
@@ -138,5 +139,5 @@ def test_training_run_carries_the_state(tmp_path):
     for split, slow in results["eval"]["slow"].items():
         # a stateful model reads each stream once (all predictions of every window scored) instead of
         # sliding windows that score only the last quarter after the first one
-        assert slow["tokens"] == windows * seq_len, split
+        assert slow["scored_tokens"] == windows * seq_len, split
     assert results["flops_per_forward"] > 0

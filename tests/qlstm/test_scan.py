@@ -30,6 +30,10 @@ def random_inputs(batch, seq_len, n_heads, d_head, dtype, seed):
     return f, u, c0, grad_all, grad_last
 
 
+def on(device, *tensors):
+    return [t.to(device) for t in tensors]
+
+
 def outputs_and_grads(scan, f, u, c0, grad_all, grad_last):
     f, u, c0 = (x.detach().clone().requires_grad_() for x in (f, u, c0))
     c_all, c_last = scan(f, u, c0)
@@ -37,26 +41,28 @@ def outputs_and_grads(scan, f, u, c0, grad_all, grad_last):
     return [c_all, c_last, f.grad, u.grad, c0.grad]
 
 
-def assert_matches_float64_reference(impl, shape, dtype, block_len, seed):
+def assert_matches_float64_reference(impl, shape, dtype, block_len, seed, device):
+    """The scan on `device` against the closed form in float64 on CPU."""
     f, u, c0, grad_all, grad_last = random_inputs(*shape, dtype, seed)
     got = outputs_and_grads(lambda f, u, c0: linear_scan(f, u, c0, impl=impl, block_len=block_len),
-                            f, u, c0, grad_all, grad_last)
+                            *on(device, f, u, c0, grad_all, grad_last))
     want = outputs_and_grads(closed_form_scan, *(x.double() for x in (f, u, c0, grad_all, grad_last)))
     assert got[0].dtype == dtype and got[1].dtype == torch.float32
     assert [g.dtype for g in got[2:]] == [dtype, dtype, torch.float32]
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     for name, g, w in zip(["c_all", "c_last", "df", "du", "dc0"], got, want):
         scale = w.abs().max().item()
-        torch.testing.assert_close(g.double(), w, rtol=tol, atol=tol * scale, msg=lambda m: f"{impl} {name}: {m}")
+        torch.testing.assert_close(g.cpu().double(), w, rtol=tol, atol=tol * scale,
+                                   msg=lambda m: f"{impl} {name}: {m}")
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_hand_computed_example(impl):
+def test_hand_computed_example(impl, device):
     # c1 = 0.5*4 + 1 = 3, c2 = 0.25*3 + 2 = 2.75, c3 = 2*2.75 + 3 = 8.5
-    f = torch.tensor([0.5, 0.25, 2.0]).view(1, 3, 1, 1)
-    u = torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1)
+    f = torch.tensor([0.5, 0.25, 2.0], device=device).view(1, 3, 1, 1)
+    u = torch.tensor([1.0, 2.0, 3.0], device=device).view(1, 3, 1, 1)
     f.requires_grad_()
-    c0 = torch.tensor([4.0]).view(1, 1, 1).requires_grad_()
+    c0 = torch.tensor([4.0], device=device).view(1, 1, 1).requires_grad_()
     c_all, c_last = linear_scan(f, u, c0, impl=impl, block_len=2)
     assert c_all.flatten().tolist() == [3.0, 2.75, 8.5] and c_last.item() == 8.5
     c_last.backward()
@@ -66,24 +72,24 @@ def test_hand_computed_example(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("shape", [(2, 37, 3, 5), (1, 70, 2, 8), (3, 9, 1, 24), (1, 33, 2, 35)])
-def test_matches_float64_reference_fp32(impl, shape):
-    assert_matches_float64_reference(impl, shape, torch.float32, block_len=16, seed=sum(shape))
+def test_matches_float64_reference_fp32(impl, shape, device):
+    assert_matches_float64_reference(impl, shape, torch.float32, block_len=16, seed=sum(shape), device=device)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("shape", [(2, 37, 3, 5), (1, 45, 1, 12)])
-def test_matches_float64_reference_bf16(impl, shape):
-    assert_matches_float64_reference(impl, shape, torch.bfloat16, block_len=8, seed=sum(shape))
+def test_matches_float64_reference_bf16(impl, shape, device):
+    assert_matches_float64_reference(impl, shape, torch.bfloat16, block_len=8, seed=sum(shape), device=device)
 
 
 @pytest.mark.parametrize("block_len", [1, 4, 5, 16, 64])
-def test_block_lengths_not_dividing_seq_len(block_len):
-    assert_matches_float64_reference("block", (2, 37, 2, 6), torch.float32, block_len, seed=block_len)
+def test_block_lengths_not_dividing_seq_len(block_len, device):
+    assert_matches_float64_reference("block", (2, 37, 2, 6), torch.float32, block_len, seed=block_len, device=device)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_two_halves_with_carried_state_equal_whole(impl):
-    f, u, c0, _, _ = random_inputs(2, 41, 2, 7, torch.float32, seed=3)
+def test_two_halves_with_carried_state_equal_whole(impl, device):
+    f, u, c0 = on(device, *random_inputs(2, 41, 2, 7, torch.float32, seed=3)[:3])
     whole_all, whole_last = linear_scan(f, u, c0, impl=impl, block_len=8)
     first_all, first_last = linear_scan(f[:, :17], u[:, :17], c0, impl=impl, block_len=8)
     second_all, second_last = linear_scan(f[:, 17:], u[:, 17:], first_last, impl=impl, block_len=8)
@@ -92,30 +98,31 @@ def test_two_halves_with_carried_state_equal_whole(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_no_initial_state_means_zeros(impl):
+def test_no_initial_state_means_zeros(impl, device):
     f, u, _, _, _ = random_inputs(2, 11, 2, 3, torch.float32, seed=4)
-    c_all, c_last = linear_scan(f, u, impl=impl)
+    c_all, c_last = linear_scan(*on(device, f, u), impl=impl)
     want_all, want_last = closed_form_scan(f.double(), u.double(), torch.zeros(2, 2, 3, dtype=torch.float64))
-    torch.testing.assert_close(c_all.double(), want_all, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(c_last.double(), want_last, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(c_all.cpu().double(), want_all, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(c_last.cpu().double(), want_last, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_non_contiguous_inputs(impl):
+def test_non_contiguous_inputs(impl, device):
     f, u, c0, _, _ = random_inputs(2, 15, 3, 4, torch.float32, seed=7)
+    f_dev, u_dev, c0_dev = on(device, f, u, c0)
     # time-major storage seen through a transpose, and every other head dim of a wider tensor
-    f_strided = f.transpose(0, 1).contiguous().transpose(0, 1)
-    u_strided = torch.stack([u, torch.zeros_like(u)], dim=-1).flatten(-2)[..., ::2]
+    f_strided = f_dev.transpose(0, 1).contiguous().transpose(0, 1)
+    u_strided = torch.stack([u_dev, torch.zeros_like(u_dev)], dim=-1).flatten(-2)[..., ::2]
     assert not f_strided.is_contiguous() and not u_strided.is_contiguous()
-    c_all, c_last = linear_scan(f_strided, u_strided, c0, impl=impl)
+    c_all, c_last = linear_scan(f_strided, u_strided, c0_dev, impl=impl)
     want_all, want_last = closed_form_scan(f.double(), u.double(), c0.double())
-    torch.testing.assert_close(c_all.double(), want_all, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(c_last.double(), want_last, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(c_all.cpu().double(), want_all, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(c_last.cpu().double(), want_last, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("used", ["c_all", "c_last"])
-def test_triton_backward_when_one_output_unused(used):
-    f, u, c0, _, _ = random_inputs(1, 19, 1, 4, torch.float32, seed=5)
+def test_triton_backward_when_one_output_unused(used, device):
+    f, u, c0 = on(device, *random_inputs(1, 19, 1, 4, torch.float32, seed=5)[:3])
     grads = {}
     for impl in ["loop", "triton"]:
         f_, u_, c0_ = (x.clone().requires_grad_() for x in (f, u, c0))
@@ -126,8 +133,8 @@ def test_triton_backward_when_one_output_unused(used):
         torch.testing.assert_close(got, want)
 
 
-def test_triton_under_torch_compile():
-    f, u, c0, grad_all, grad_last = random_inputs(2, 13, 1, 3, torch.float32, seed=6)
+def test_triton_under_torch_compile(device):
+    f, u, c0, grad_all, grad_last = on(device, *random_inputs(2, 13, 1, 3, torch.float32, seed=6))
 
     def scan(f, u, c0):
         c_all, c_last = linear_scan(f, u, c0, impl="triton")

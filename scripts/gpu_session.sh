@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Everything a session with one GPU should run: environment, kernel tests on CUDA, throughput sweeps,
+# benchmarks and short training runs. Each step logs to $OUT/<step>.log (default OUT: gpu_results/), has its
+# own timeout and does not stop the ones after it; $OUT/summary.tsv lists step, exit code, seconds, verdict.
+# The script exits with 1 when any step failed.
+#
+#   OUT=/path/to/results bash scripts/gpu_session.sh            # all steps; their timeouts sum to ~24 min
+#   bash scripts/gpu_session.sh env tests                       # chosen steps or groups, in the order given
+#
+# Steps (timeouts in seconds) and groups; each line's timeouts sum to under 10 minutes, a common limit per command:
+#   env (45) tests (390)
+#   throughput = throughput_gpt (90) throughput_qlstm (90) throughput_lram_gpt (120) throughput_pkm_gpt (100)
+#   bench      = bench_qlstm (150) bench_memory_layers (240)
+#   train      = train_gpt (120) train_qlstm (120)
+# Throughput rows are appended to copies of the registries in $OUT/throughput/<project>.csv, not to projects/.
+# Training runs write to a scratch folder; their logs and results (not the checkpoints) are copied to $OUT/runs;
+# with no dataset in data/, the first one builds the embedded default corpus in data/default_corpus.
+# Needs torch, triton, numpy, deepspeed, sentencepiece, tqdm, matplotlib and pytest (the env step lists them).
+set -u
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export WANDB_MODE=disabled
+
+env_report() {
+    nvidia-smi
+    echo
+    python --version
+    git rev-parse HEAD 2>/dev/null && git status --short 2>/dev/null || echo "no git checkout here"
+    python - <<'EOF'
+import importlib
+
+import torch
+
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}")
+if torch.cuda.is_available():
+    print(f"device {torch.cuda.get_device_name()}, capability {torch.cuda.get_device_capability()}, "
+          f"bf16 {torch.cuda.is_bf16_supported()}, {torch.cuda.mem_get_info()[1] / 2**30:.1f} GiB")
+else:
+    print("torch sees no CUDA device")
+for name in ("triton", "numpy", "deepspeed", "sentencepiece", "tqdm", "matplotlib", "pytest", "wandb"):
+    try:
+        print(f"{name} {getattr(importlib.import_module(name), '__version__', '?')}")
+    except Exception as error:  # a missing package fails the steps that need it; say so here first
+        print(f"{name} MISSING: {error}")
+EOF
+}
+
+kernel_tests() {
+    env -u TRITON_INTERPRET LANGUINI_TEST_DEVICE=cuda python -m pytest tests/lram_gpt tests/pkm_gpt tests/qlstm \
+        -q -p no:cacheprovider --durations=15 --junitxml="$OUT/tests.xml"
+}
+
+throughput_sweep() {  # project; the largest batch tried is that of the small compute classes
+    mkdir -p "$OUT/throughput"
+    cp "projects/$1/throughput.csv" "$OUT/throughput/$1.csv" &&
+        python scripts/measure_throughput.py "$1" small --sweep --max_batch_size 128 --steps 10 --warmup 3 \
+            --registry "$OUT/throughput/$1.csv"
+}
+
+bench_qlstm() {
+    python scripts/bench_qlstm.py --steps 3 --warmup 1
+}
+
+bench_memory_layers() {  # widths and targets that judge all three of issue 4's goals
+    python scripts/bench_memory_layers.py --widths 512,4096 --params 2^20,2^22,2^24,2^26,2^28 \
+        --repeats 5 --warmup 2 --out "$OUT"
+}
+
+train_smoke() {  # project; the checkpoint (model and Adam state) stays in $SCRATCH, the rest is copied
+    python "projects/$1/train.py" --config small --max_steps 20 --batch_size 8 --eval_max_batches 2 \
+        --slow_eval_max_windows 4 --eval_every 10 --checkpoint_every 20 --log_every 5 --out_dir "$SCRATCH/runs"
+    local status=$?
+    mkdir -p "$OUT/runs"
+    (cd "$SCRATCH/runs" 2>/dev/null && find . -type f ! -name '*.pt' -exec cp --parents {} "$OUT/runs/" \;)
+    ls -la "$SCRATCH/runs"/* 2>/dev/null
+    rm -rf "$SCRATCH/runs"
+    return $status
+}
+
+export -f env_report kernel_tests throughput_sweep bench_qlstm bench_memory_layers train_smoke
+
+ORDER="env tests throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt bench_qlstm
+       bench_memory_layers train_gpt train_qlstm"
+# step: timeout in seconds, command
+declare -A STEPS=(
+    [env]="45 env_report"
+    [tests]="390 kernel_tests"
+    [throughput_gpt]="90 throughput_sweep gpt"
+    [throughput_qlstm]="90 throughput_sweep qlstm"
+    [throughput_lram_gpt]="120 throughput_sweep lram_gpt"
+    [throughput_pkm_gpt]="100 throughput_sweep pkm_gpt"
+    [bench_qlstm]="150 bench_qlstm"
+    [bench_memory_layers]="240 bench_memory_layers"
+    [train_gpt]="120 train_smoke gpt"
+    [train_qlstm]="120 train_smoke qlstm"
+)
+declare -A STEP_GROUPS=(
+    [throughput]="throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt"
+    [bench]="bench_qlstm bench_memory_layers"
+    [train]="train_gpt train_qlstm"
+)
+selected=()
+for name in ${@:-$ORDER}; do
+    if [[ -v "STEP_GROUPS[$name]" ]]; then
+        selected+=(${STEP_GROUPS[$name]})
+    elif [[ -v "STEPS[$name]" ]]; then
+        selected+=("$name")
+    else
+        echo "unknown step or group '$name'; steps:" $ORDER "; groups: throughput bench train" >&2
+        exit 2
+    fi
+done
+
+total=0
+for name in "${selected[@]}"; do
+    read -r limit _ <<<"${STEPS[$name]}"
+    total=$((total + limit))
+done
+export OUT="${OUT:-gpu_results}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+SUMMARY="$OUT/summary.tsv"
+SCRATCH="$(mktemp -d "${TMPDIR:-/tmp}/gpu_session.XXXXXX")"
+export SCRATCH
+echo "steps: ${selected[*]}; timeouts sum to ${total}s; results in $OUT"
+
+run_step() {
+    local name=$1 limit command start rc verdict
+    read -r limit command <<<"${STEPS[$name]}"
+    start=$SECONDS
+    echo "\$ $command  (timeout ${limit}s, $(date -u +%FT%TZ))" >"$OUT/$name.log"
+    timeout --kill-after=15 "$limit" bash -c "$command" >>"$OUT/$name.log" 2>&1
+    rc=$?
+    case $rc in
+        0) verdict=ok ;;
+        124) verdict="timed out after ${limit}s" ;;
+        137) verdict="killed: timed out and ignored SIGTERM, or out of memory" ;;
+        *) verdict=failed ;;
+    esac
+    printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" "$verdict" >>"$SUMMARY"
+    echo "$name: $verdict (exit $rc, $((SECONDS - start))s)"
+    if [[ $rc -ne 0 ]]; then
+        tail -n 15 "$OUT/$name.log" | sed 's/^/    /'
+        failures=$((failures + 1))
+    fi
+}
+
+[[ -f "$SUMMARY" ]] || printf 'step\texit\tseconds\tverdict\n' >"$SUMMARY"
+failures=0
+for name in "${selected[@]}"; do
+    run_step "$name"
+done
+rmdir "$SCRATCH" 2>/dev/null
+echo
+column -t -s $'\t' "$SUMMARY" 2>/dev/null || cat "$SUMMARY"
+exit $((failures > 0))
