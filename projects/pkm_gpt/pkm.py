@@ -162,7 +162,7 @@ class MemoryUsage:
         p = self.weighted_counts / self.weighted_counts.sum()
         # KL(p || uniform) = sum_i p_i log(p_i N), with 0 log 0 = 0.
         kl = torch.where(p > 0, p * torch.log(p * self.num_rows), torch.zeros_like(p)).sum()
-        return {"memory_used": self.accessed.double().mean().item(), "memory_kl_uniform": kl.item()}
+        return {"memory_usage": self.accessed.double().mean().item(), "kl_from_uniform": kl.item()}
 
 
 def pkm_flops(tokens, d_model, heads=8, k_dim=64, n_keys=256, knn=32, v_dim=None):

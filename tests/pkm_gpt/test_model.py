@@ -162,11 +162,11 @@ def test_memory_stats_after_a_forward():
         model(x)
         indices, weights = model.memory.lookup(memory_inputs[0])
     stats = model.memory_stats()
-    assert stats["memory_used"] == indices.unique().numel() / 16
+    assert stats["memory_usage"] == indices.unique().numel() / 16
     counts = torch.zeros(16, dtype=torch.float64).index_add_(0, indices.flatten(), weights.flatten().double())
     p = counts / counts.sum()
     kl = sum(p_i * math.log(p_i * 16) for p_i in p.tolist() if p_i > 0)
-    assert stats["memory_kl_uniform"] == pytest.approx(kl)
+    assert stats["kl_from_uniform"] == pytest.approx(kl)
 
 
 def test_training_run_end_to_end(tmp_path):
@@ -178,8 +178,8 @@ def test_training_run_end_to_end(tmp_path):
     assert results["project"] == "pkm_gpt" and results["config"] == "cpu" and results["steps"] == 3
     assert results["memory_stats"].keys() == results["eval"]["fast"].keys()
     for stats in results["memory_stats"].values():
-        assert 0 < stats["memory_used"] <= 1
-        assert 0 <= stats["memory_kl_uniform"] <= math.log(configs.get("cpu").pkm_n_keys ** 2)
+        assert 0 < stats["memory_usage"] <= 1
+        assert 0 <= stats["kl_from_uniform"] <= math.log(configs.get("cpu").pkm_n_keys ** 2)
 
 
 

@@ -146,12 +146,12 @@ def test_memory_usage_by_hand():
     usage.update(torch.tensor([[0, 0, 1]]), torch.tensor([[0.5, 0.25, 0.25]]))
     # weighted accesses p = (0.75, 0.25, 0, 0); KL = 0.75 ln(0.75 * 4) + 0.25 ln(0.25 * 4) = 0.75 ln 3
     result = usage.result()
-    assert result["memory_used"] == 0.5
-    assert result["memory_kl_uniform"] == pytest.approx(0.75 * math.log(3))
+    assert result["memory_usage"] == 0.5
+    assert result["kl_from_uniform"] == pytest.approx(0.75 * math.log(3))
 
     uniform = MemoryUsage(3)
     uniform.update(torch.tensor([[0, 1], [2, 0]]), torch.tensor([[0.5, 0.5], [0.5, 0.0]]))
-    assert uniform.result() == pytest.approx({"memory_used": 1.0, "memory_kl_uniform": 0.0})
+    assert uniform.result() == pytest.approx({"memory_usage": 1.0, "kl_from_uniform": 0.0})
 
 
 def test_memory_usage_collected_in_forward():
@@ -162,7 +162,7 @@ def test_memory_usage_collected_in_forward():
         layer(x)
         layer(x)
     indices, _ = layer.lookup(x)
-    assert layer.usage.result()["memory_used"] == indices.unique().numel() / layer.num_values
+    assert layer.usage.result()["memory_usage"] == indices.unique().numel() / layer.num_values
     assert layer.usage.weighted_counts.sum().item() == pytest.approx(2 * 2 * 5 * TINY["heads"])
 
 
