@@ -7,12 +7,13 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from languini import compute_class, default_corpus, flops, throughput, tokenizer
 from languini.books import BooksDataset, DataError
 from languini.flags import add_dataclass_flags, overrides
 from languini.logs import RunLog
-from languini.trainer import NonFiniteLoss, Trainer, TrainConfig, init_distributed, write_json
+from languini.trainer import Dist, NonFiniteLoss, Trainer, TrainConfig, init_distributed, write_json
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO_ROOT / "data"
@@ -32,19 +33,23 @@ def build_parser(project: str, configs) -> argparse.ArgumentParser:
     return parser
 
 
-def load_data(tcfg: TrainConfig, model_cfg, say) -> tuple[BooksDataset, object, bool]:
-    """The dataset, the model config (vocab adjusted for the default corpus) and whether it is the default."""
+def load_data(tcfg: TrainConfig, model_cfg, say, ddp: Dist) -> tuple[BooksDataset, object]:
+    """The dataset and the model config (its vocab set to the default corpus's when that is used)."""
     if tcfg.data_root is not None:
-        return BooksDataset(tcfg.data_root, model_cfg.vocab_size), model_cfg, False
+        return BooksDataset(tcfg.data_root, model_cfg.vocab_size), model_cfg
     if (DEFAULT_DATA / f"books_{model_cfg.vocab_size}").is_dir():
-        return BooksDataset(DEFAULT_DATA, model_cfg.vocab_size), model_cfg, False
+        return BooksDataset(DEFAULT_DATA, model_cfg.vocab_size), model_cfg
+    if not ddp.main:
+        dist.barrier()  # rank 0 builds the corpus once
     ds = default_corpus.ensure(DEFAULT_DATA / "default_corpus")
+    if ddp.main and ddp.world_size > 1:
+        dist.barrier()
     vocab_note = ""
     if model_cfg.vocab_size != default_corpus.VOCAB_SIZE:
         model_cfg = dataclasses.replace(model_cfg, vocab_size=default_corpus.VOCAB_SIZE)
         vocab_note = f", vocab set to its {default_corpus.VOCAB_SIZE}"
     say(f"No dataset given (--data_root) or in {DEFAULT_DATA}: using the {default_corpus.LABEL}{vocab_note}.")
-    return ds, model_cfg, True
+    return ds, model_cfg
 
 
 def bytes_table(ds: BooksDataset, tcfg: TrainConfig, vocab_size: int) -> torch.Tensor:
@@ -89,7 +94,7 @@ def run(project: str, configs, model_cls, args: argparse.Namespace) -> dict | No
         compute_class.compute_class_seconds(tcfg.compute_class)  # a typo fails before any work is done
     model_cfg = configs.get(config_name, **overrides(args, configs.ModelConfig))
 
-    dataset, model_cfg, _ = load_data(tcfg, model_cfg, say)
+    dataset, model_cfg = load_data(tcfg, model_cfg, say, ddp)
     bytes_per_token = bytes_table(dataset, tcfg, model_cfg.vocab_size)
 
     local_hw = throughput.local_device_name(device)
