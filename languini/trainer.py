@@ -88,6 +88,10 @@ def precision_for(device: torch.device, precision: str):
         return contextlib.nullcontext, None, precision
     if precision not in ("bf16", "fp16"):
         raise ValueError(f"--precision must be auto, bf16, fp16 or fp32, not {precision}")
+    if precision == "fp16" and device.type != "cuda":
+        raise ValueError("fp16 autocast with loss scaling needs a GPU; use --precision bf16 or fp32 on CPU")
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError("this GPU has no bf16; use --precision fp16")
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
     return (lambda: torch.autocast(device.type, dtype=dtype)), scaler, precision

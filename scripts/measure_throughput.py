@@ -17,7 +17,6 @@ import gc
 import importlib
 import statistics
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +24,7 @@ import torch.nn.functional as F
 
 from languini import flops, throughput
 from languini.flags import parse_bool
-from languini.trainer import build_optimizers, detach
+from languini.trainer import build_optimizers, detach, precision_for
 
 MIN_TIMED_STEPS = 10
 LEARNING_RATE = 6e-4  # the paper's GPT learning rate; the step time does not depend on it
@@ -59,19 +58,6 @@ def load_project(project: str, config: str, seq_len: int | None = None):
     return model_module.Model, model_config
 
 
-def choose_precision(device: torch.device, requested: str) -> str:
-    """bf16 autocast on GPUs that have it, fp16 (with loss scaling) on older ones, fp32 on CPU."""
-    if requested == "auto":
-        if device.type != "cuda":
-            return "fp32"
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    if requested == "fp16" and device.type != "cuda":
-        raise SystemExit("fp16 autocast with loss scaling needs a GPU; use --precision bf16 or fp32 on CPU")
-    if requested == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise SystemExit(f"{throughput.local_device_name(device)} has no bf16; use --precision fp16")
-    return requested
-
-
 def measure_batch_size(
     model: torch.nn.Module,
     model_config,
@@ -84,9 +70,7 @@ def measure_batch_size(
 ) -> Measurement:
     """Median time of `steps` training steps after `warmup` untimed ones; tokens/s None on OOM."""
     optimizers, _ = build_optimizers(model, LEARNING_RATE, device)  # exactly the trainer's optimiser step
-    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    autocast = torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
+    autocast, scaler, _ = precision_for(device, precision)  # the trainer's mixed precision
     if compile_model:
         torch._dynamo.reset()  # a fresh graph per batch size; the recompile limit would otherwise fall back to eager
     forward = torch.compile(model) if compile_model else model
@@ -95,7 +79,7 @@ def measure_batch_size(
         torch.cuda.reset_peak_memory_stats(device)
 
     def train_step(state):
-        with autocast:
+        with autocast():
             logits, state = forward(inputs, state)
             loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
         (loss if scaler is None else scaler.scale(loss)).backward()
@@ -225,7 +209,10 @@ def main(argv=None) -> throughput.ThroughputRow:
     args = parse_args(argv)
     device = torch.device(args.device)
     refuse_multiple_gpus(device)
-    precision = choose_precision(device, args.precision)
+    try:
+        precision = precision_for(device, args.precision)[2]
+    except ValueError as error:
+        raise SystemExit(str(error)) from error
     model_class, model_config = load_project(args.project, args.config, args.seq_len)
     torch.manual_seed(0)
     model = model_class(model_config).to(device).train()
