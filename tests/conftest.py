@@ -29,6 +29,8 @@ CPU_ONLY_TESTS = {
 def pytest_configure(config):
     if TEST_DEVICE not in TEST_DEVICES:
         raise pytest.UsageError(f"LANGUINI_TEST_DEVICE must be one of {TEST_DEVICES}, got {TEST_DEVICE!r}")
+    if TEST_DEVICE == "cpu":
+        _check_interpreter_numpy()
     if TEST_DEVICE == "cuda":
         if os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on"):
             raise pytest.UsageError("LANGUINI_TEST_DEVICE=cuda tests the compiled kernels: unset TRITON_INTERPRET")
@@ -68,3 +70,18 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def _check_interpreter_numpy():
+    """Triton 3.6's interpreter (measured; 3.8's works) fails on every loop with runtime bounds under NumPy 2.4."""
+    import numpy
+    import triton
+
+    def version(module):
+        return tuple(int(part) for part in module.__version__.split(".")[:2])
+
+    if version(triton) < (3, 8) and version(numpy) >= (2, 4):
+        raise pytest.UsageError(
+            f"the Triton {triton.__version__} interpreter cannot run these kernels with NumPy {numpy.__version__} "
+            f"('only 0-dimensional arrays can be converted to Python scalars'): pip install 'numpy<2.4', "
+            f"or Triton >= 3.8")

@@ -33,6 +33,7 @@ VALUE_GRAD_METHODS = ("atomic", "segment")
 POINTS_PAD = 256  # the 232 points padded to a power of two for the score tile
 BLOCK_ROWS = 16
 SEGMENT_BLOCK = 32
+COORDS = tl.constexpr(DIM)  # compiled kernels may read a global only if it is a constexpr
 
 
 @triton.jit
@@ -66,14 +67,14 @@ def _locate(q, cols, points_t_ptr, N_POINTS: tl.constexpr, POINTS: tl.constexpr)
     negative = offset < 0.0
     odd_negatives = (tl.sum(negative.to(tl.int32), axis=1) % 2) == 1
     sign = tl.where(negative, -1.0, 1.0)
-    sign = tl.where((position == DIM - 1) & odd_negatives[:, None], -sign, sign)
+    sign = tl.where((position == COORDS - 1) & odd_negatives[:, None], -sign, sign)
     signed = sign * offset
     moved = position[:, :, None] == cols[None, None, :]
     z = tl.sum(tl.where(moved, signed[:, :, None], 0.0), axis=1)
 
     point_ids = tl.arange(0, POINTS)
     squared = tl.zeros((q.shape[0], POINTS), dtype=tl.float32)
-    for k in tl.static_range(DIM):
+    for k in tl.static_range(COORDS):
         z_k = tl.sum(tl.where(cols[None, :] == k, z, 0.0), axis=1)
         p_k = tl.load(points_t_ptr + k * POINTS + point_ids)
         diff = z_k[:, None] - p_k[None, :]
@@ -89,13 +90,13 @@ def _take_heaviest(closeness, center, position, sign, points_ptr, half_periods, 
     """Remove the heaviest point of each row from the tile; return it as (tile, u, lattice point, index)."""
     best, which = tl.max(closeness, axis=1, return_indices=True, return_indices_tie_break_left=True)
     closeness = tl.where(tl.arange(0, POINTS)[None, :] == which[:, None], -1.0, closeness)
-    point = tl.load(points_ptr + which[:, None] * DIM + position)
+    point = tl.load(points_ptr + which[:, None] * COORDS + position)
     lattice_point = center + sign * point
     coords = lattice_point.to(tl.int32)
     parity = tl.sum(tl.where(cols[None, :] == 0, coords & 1, 0), axis=1)
     digit = (coords - parity[:, None]) >> 1  # exact halving of an even number, floor for negatives
     digit = ((digit % half_periods[None, :]) + half_periods[None, :]) % half_periods[None, :]
-    digit = tl.where(cols[None, :] == DIM - 1, digit >> 1, digit)
+    digit = tl.where(cols[None, :] == COORDS - 1, digit >> 1, digit)
     index = parity.to(tl.int64) * half_memory + tl.sum(digit.to(tl.int64) * strides[None, :], axis=1)
     return closeness, best, lattice_point, index
 
@@ -110,10 +111,10 @@ def _forward_kernel(
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     row_ok = rows < n_rows
-    cols = tl.arange(0, DIM)
+    cols = tl.arange(0, COORDS)
     value_cols = tl.arange(0, M_PAD)
     value_ok = row_ok[:, None] & (value_cols[None, :] < M)
-    q = tl.load(q_ptr + rows[:, None] * DIM + cols[None, :], mask=row_ok[:, None], other=0.0)
+    q = tl.load(q_ptr + rows[:, None] * COORDS + cols[None, :], mask=row_ok[:, None], other=0.0)
     half_periods = tl.load(half_periods_ptr + cols)
     strides = tl.load(strides_ptr + cols)
 
@@ -143,16 +144,16 @@ def _backward_kernel(
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     row_ok = rows < n_rows
-    cols = tl.arange(0, DIM)
+    cols = tl.arange(0, COORDS)
     value_cols = tl.arange(0, M_PAD)
     value_ok = row_ok[:, None] & (value_cols[None, :] < M)
-    q = tl.load(q_ptr + rows[:, None] * DIM + cols[None, :], mask=row_ok[:, None], other=0.0)
+    q = tl.load(q_ptr + rows[:, None] * COORDS + cols[None, :], mask=row_ok[:, None], other=0.0)
     grad_out = tl.load(grad_out_ptr + rows[:, None] * M + value_cols[None, :], mask=value_ok, other=0.0)
     half_periods = tl.load(half_periods_ptr + cols)
     strides = tl.load(strides_ptr + cols)
 
     center, position, sign, closeness = _locate(q, cols, points_t_ptr, N_POINTS, POINTS)
-    grad_q = tl.zeros((BLOCK, DIM), dtype=tl.float32)
+    grad_q = tl.zeros((BLOCK, COORDS), dtype=tl.float32)
     for slot in range(TOPK):
         closeness, u, lattice_point, index = _take_heaviest(
             closeness, center, position, sign, points_ptr, half_periods, strides, half_memory, cols, POINTS)
@@ -168,7 +169,7 @@ def _backward_kernel(
             tl.store(index_ptr + rows * TOPK + slot, index, mask=row_ok)
             tl.store(weight_ptr + rows * TOPK + slot, weight, mask=row_ok)
     if GRAD_Q:
-        tl.store(grad_q_ptr + rows[:, None] * DIM + cols[None, :], grad_q, mask=row_ok[:, None])
+        tl.store(grad_q_ptr + rows[:, None] * COORDS + cols[None, :], grad_q, mask=row_ok[:, None])
 
 
 @triton.jit

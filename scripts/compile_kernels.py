@@ -1,0 +1,243 @@
+"""Compile every Triton kernel the projects launch for real GPUs, on any machine, GPU or not.
+
+The tests run the kernels under the Triton interpreter, which accepts programs the compiler rejects and
+says nothing about registers, spills or shared memory. This script first runs each project's kernel
+entry points under the interpreter on tiny inputs at model widths (bf16 autocast and fp32, every
+value-gradient variant) and records each distinct launch: the argument types and the compile-time
+constants. It then compiles those launches for the chosen architectures down to a cubin (Triton ships
+ptxas; no GPU or driver is needed) and prints a table of registers, spilled bytes and shared memory.
+
+    python scripts/compile_kernels.py                       # all projects, sm_90 (H100/H200) and sm_80 (A100)
+    python scripts/compile_kernels.py --project lram_gpt --arch 90 --csv compiled.csv
+
+Exits with 1 when a kernel fails to compile, after printing the compiler's error.
+"""
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECTS = ("lram_gpt", "pkm_gpt", "qlstm")
+DTYPE_NAMES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16",
+               "torch.int64": "i64", "torch.int32": "i32", "torch.int16": "i16", "torch.int8": "i8",
+               "torch.uint8": "u8", "torch.bool": "u1"}
+
+
+# ---------------------------------------------------------------- recording (under the interpreter)
+
+
+def _scenarios(project):
+    """Yield (description, callable) pairs that launch the project's kernels as its model does."""
+    import torch
+
+    def forward_backward(module, x, autocast):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = module(x)
+            out = out[0] if isinstance(out, tuple) else out
+        out.float().square().sum().backward()
+
+    if project == "lram_gpt":
+        from projects.lram_gpt.memory import LRAMBlock
+
+        for values_dtype in (torch.float32, torch.bfloat16):
+            for value_grad, sparse in (("atomic", False), ("segment", False), ("segment", True)):
+                block = LRAMBlock(32, memory_size=2 ** 16, use_triton=True, value_grad=value_grad,
+                                  sparse_values=sparse).to(values_dtype)
+                block.query.float(), block.query_norm.float(), block.out.float()
+                x = torch.randn(1, 3, 32)
+                yield (f"values {values_dtype}, {value_grad}, sparse={sparse}",
+                       lambda: forward_backward(block, x, autocast=True))
+        block = LRAMBlock(32, memory_size=2 ** 16, use_triton=True)
+        yield "read_locations", lambda: block.read_locations(torch.randn(1, 5, 32))
+    elif project == "pkm_gpt":
+        from projects.pkm_gpt.pkm import LRAM_PAPER_PKM, ProductKeyMemory
+
+        # Every value width >= 128 launches with BLOCK_DIM = 128, as this one does.
+        for values_dtype in (torch.float32, torch.bfloat16):
+            for value_grad, sparse in (("atomic", False), ("sorted", False), ("sorted", True)):
+                layer = ProductKeyMemory(128, heads=LRAM_PAPER_PKM.heads, k_dim=LRAM_PAPER_PKM.k_dim,
+                                         n_keys=LRAM_PAPER_PKM.n_keys, knn=LRAM_PAPER_PKM.knn,
+                                         value_grad=value_grad, use_triton=True, sparse_values=sparse)
+                layer.values.data = layer.values.data.to(values_dtype)
+                x = torch.randn(1, 1, 128)
+                yield (f"values {values_dtype}, {value_grad}, sparse={sparse}",
+                       lambda layer=layer, x=x: forward_backward(layer, x, autocast=True))
+    elif project == "qlstm":
+        from projects.qlstm.cell import QuasiLSTM
+
+        # Every width of Table 8 has >= 64 channels, so its launches have BLOCK_C = 64 as this one has.
+        cell = QuasiLSTM(64, n_heads=1, d_head=64, impl="triton")
+        for autocast in (False, True):
+            x = torch.randn(1, 37, 64)
+            yield f"autocast={autocast}", lambda x=x, autocast=autocast: forward_backward(cell, x, autocast)
+    else:
+        raise ValueError(f"unknown project {project!r}; choose from {PROJECTS}")
+
+
+def _argument_type(value):
+    """Triton's signature entry and divisibility-by-16 for one launch argument, as its JIT specialises it."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return "*" + DTYPE_NAMES[str(value.dtype)], value.data_ptr() % 16 == 0
+    if isinstance(value, bool):
+        return "i1", False
+    if isinstance(value, int):
+        return ("i32" if -2 ** 31 <= value < 2 ** 31 else "i64"), value % 16 == 0
+    if isinstance(value, float):
+        return "fp32", False
+    raise TypeError(f"cannot record a launch argument of type {type(value).__name__}")
+
+
+def record(project):
+    """Run the project's scenarios under the interpreter; return its distinct kernel launches."""
+    import inspect
+
+    from triton.runtime.interpreter import InterpretedFunction
+
+    launches = {}
+    original_run = InterpretedFunction.run
+
+    def recording_run(self, *args, grid, warmup, **kwargs):
+        bound = inspect.signature(self.fn).bind(*args, **kwargs)
+        signature, constants, aligned = {}, {}, []
+        for position, (name, parameter) in enumerate(inspect.signature(self.fn).parameters.items()):
+            value = bound.arguments.get(name, parameter.default)
+            if "constexpr" in str(parameter.annotation):
+                signature[name], constants[name] = "constexpr", value
+                continue
+            signature[name], divisible = _argument_type(value)
+            if divisible:
+                aligned.append(position)
+        launch = {"module": self.fn.__module__, "kernel": self.fn.__name__, "signature": signature,
+                  "constants": constants, "aligned": aligned}
+        launches.setdefault(json.dumps(launch, sort_keys=True), launch)
+        return original_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    InterpretedFunction.run = recording_run
+    try:
+        for _, scenario in _scenarios(project):
+            scenario()
+    finally:
+        InterpretedFunction.run = original_run
+    return list(launches.values())
+
+
+# ---------------------------------------------------------------- compiling (no interpreter)
+
+
+def _resource_usage(cubin: bytes) -> dict:
+    """Registers, stack and local (spill) bytes of a cubin, read by the cuobjdump that ships with Triton."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
+        file.write(cubin)
+        file.flush()
+        report = subprocess.run([str(tool), "-res-usage", file.name], capture_output=True, text=True, check=True)
+    usage = {}
+    for field in report.stdout.split():
+        name, _, value = field.partition(":")
+        if name in ("REG", "STACK", "LOCAL") and value.isdigit():
+            usage[name.lower()] = int(value)
+    return usage
+
+
+def compile_launch(launch, arch):
+    """Compile one recorded launch for sm_<arch>; a dict of its resources (or of its error)."""
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
+    attrs = {(position,): [["tt.divisibility", 16]] for position in launch["aligned"]}
+    source = ASTSource(fn=kernel, signature=launch["signature"], constexprs=launch["constants"], attrs=attrs)
+    start = time.perf_counter()
+    try:
+        compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32))
+    except Exception as error:  # report every kernel's outcome, then fail at the end
+        return {"error": f"{type(error).__name__}: {error}"}
+    return {"seconds": time.perf_counter() - start, "shared": compiled.metadata.shared,
+            "warps": compiled.metadata.num_warps, **_resource_usage(compiled.asm["cubin"])}
+
+
+def _constants_text(constants):
+    return " ".join(f"{name}={value}" for name, value in constants.items())
+
+
+def _pointer_dtypes(signature):
+    return ",".join(sorted({kind[1:] for kind in signature.values() if kind.startswith("*")}))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--project", choices=PROJECTS, action="append",
+                        help="project whose kernels to compile; repeat for several (default: all)")
+    parser.add_argument("--arch", type=int, action="append",
+                        help="CUDA compute capability as one number, e.g. 90 for H100/H200 (default: 90 and 80)")
+    parser.add_argument("--csv", type=Path, help="also write the table to this CSV file")
+    parser.add_argument("--record", help=argparse.SUPPRESS)  # internal: the interpreter child process
+    args = parser.parse_args(argv)
+
+    if args.record:
+        json.dump(record(args.record), sys.stdout)
+        return 0
+
+    projects, archs = args.project or list(PROJECTS), args.arch or [90, 80]
+    child_env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    # The interpreter is chosen when a kernel is defined, so the compile half must never see it.
+    os.environ.pop("TRITON_INTERPRET", None)
+    sys.path.insert(0, str(ROOT))
+    import triton
+
+    rows, failed = [], False
+    for project in projects:
+        recorded = subprocess.run([sys.executable, __file__, "--record", project], env=child_env,
+                                  capture_output=True, text=True)
+        if recorded.returncode:
+            print(recorded.stderr, file=sys.stderr)
+            raise SystemExit(f"recording the launches of {project} failed")
+        for launch in json.loads(recorded.stdout):
+            for arch in archs:
+                result = compile_launch(launch, arch)
+                failed |= "error" in result
+                rows.append({"project": project, "kernel": launch["kernel"], "arch": f"sm_{arch}",
+                             "pointers": _pointer_dtypes(launch["signature"]),
+                             "constants": _constants_text(launch["constants"]), **result})
+
+    print(f"Triton {triton.__version__}; registers per thread, spilled (local) bytes per thread, shared "
+          f"memory per program; warps = threads per program / 32")
+    header = f"{'kernel':<42}{'arch':<7}{'pointers':<14}{'regs':>5}{'spill':>6}{'shared':>8}{'warps':>6}{'s':>6}  constants"
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        name = f"{row['project']}.{row['kernel']}"
+        if "error" in row:
+            print(f"{name:<42}{row['arch']:<7}FAILED: {row['error']}")
+            continue
+        print(f"{name:<42}{row['arch']:<7}{row['pointers']:<14}{row['reg']:>5}{row['local']:>6}{row['shared']:>8}"
+              f"{row['warps']:>6}{row['seconds']:>6.1f}  {row['constants']}")
+    spilling = [row for row in rows if row.get("local")]
+    if spilling:
+        print(f"\n{len(spilling)} compiled launches spill registers to local memory (column 'spill').")
+    if args.csv:
+        fields = ["project", "kernel", "arch", "pointers", "constants", "reg", "local", "stack", "shared", "warps",
+                  "seconds", "error"]
+        with open(args.csv, "w", newline="") as file:
+            writer = csv.DictWriter(file, fieldnames=fields, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
