@@ -49,11 +49,11 @@ def _scenarios(project):
         for values_dtype in (torch.float32, torch.bfloat16):
             for value_grad, sparse in (("atomic", False), ("segment", False), ("segment", True)):
                 block = LRAMBlock(32, memory_size=2 ** 16, use_triton=True, value_grad=value_grad,
-                                  sparse_values=sparse).to(values_dtype)
-                block.query.float(), block.query_norm.float(), block.out.float()
+                                  sparse_values=sparse)
+                block.values.data = block.values.data.to(values_dtype)
                 x = torch.randn(1, 3, 32)
                 yield (f"values {values_dtype}, {value_grad}, sparse={sparse}",
-                       lambda: forward_backward(block, x, autocast=True))
+                       lambda block=block, x=x: forward_backward(block, x, autocast=True))
         block = LRAMBlock(32, memory_size=2 ** 16, use_triton=True)
         yield "read_locations", lambda: block.read_locations(torch.randn(1, 5, 32))
     elif project == "pkm_gpt":
@@ -123,8 +123,11 @@ def record(project):
 
     InterpretedFunction.run = recording_run
     try:
-        for _, scenario in _scenarios(project):
-            scenario()
+        for description, scenario in _scenarios(project):
+            try:
+                scenario()
+            except Exception as error:
+                raise RuntimeError(f"{project}: the scenario '{description}' failed") from error
     finally:
         InterpretedFunction.run = original_run
     return list(launches.values())
@@ -193,7 +196,8 @@ def main(argv=None):
         return 0
 
     projects, archs = args.project or list(PROJECTS), args.arch or [90, 80]
-    child_env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    child_env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": python_path}
     # The interpreter is chosen when a kernel is defined, so the compile half must never see it.
     os.environ.pop("TRITON_INTERPRET", None)
     sys.path.insert(0, str(ROOT))

@@ -13,7 +13,8 @@ from torch import nn
 
 from projects.qlstm.scan import linear_scan
 
-# added to the forget-gate pre-activation so f starts near sigmoid(1) = 0.73 (as in the Languini reference code)
+# added to the quasi cell's forget-gate pre-activation so f starts near sigmoid(1) = 0.73 (as in the Languini
+# reference code; its classic LSTM has none)
 FORGET_GATE_OFFSET = 1.0
 INIT_STD = 0.02
 
@@ -85,7 +86,7 @@ class MultiHeadLSTM(nn.Module):
         for t in range(seq_len):
             recurrent = torch.einsum("bhd,hde->bhe", h.to(gates_x.dtype), self.recurrent)
             pre = gates_x[:, t] + recurrent.view_as(gates_x[:, t])
-            forget = torch.sigmoid(pre[:, :, 0] + FORGET_GATE_OFFSET)
+            forget = torch.sigmoid(pre[:, :, 0])  # eq. 11: no offset here, as in the reference code
             update = torch.sigmoid(pre[:, :, 1]) * torch.tanh(pre[:, :, 2])
             c = forget * c + update
             h = torch.sigmoid(pre[:, :, 3]) * torch.tanh(c)

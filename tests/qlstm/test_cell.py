@@ -12,11 +12,13 @@ def n_params(module):
 
 
 def reference_forward(cell, x, c0, h0):
-    """The cell rebuilt from one torch.nn.LSTMCell per head in float64; qLSTM heads get zero recurrent weights."""
+    """The cell rebuilt from one torch.nn.LSTMCell per head in float64; qLSTM heads get zero recurrent weights
+    and the forget-gate offset of the reference code's quasi cell (its classic LSTM, eq. 11, has none)."""
     n_heads, d_head = cell.n_heads, cell.d_head
     weight = cell.gates.weight.detach().double().view(n_heads, 4, d_head, -1)
     bias = cell.gates.bias.detach().double().view(n_heads, 4, d_head).clone()
-    bias[:, 0] += FORGET_GATE_OFFSET
+    if isinstance(cell, QuasiLSTM):
+        bias[:, 0] += FORGET_GATE_OFFSET
     heads = []
     for h in range(n_heads):
         lstm = torch.nn.LSTMCell(cell.d_model, d_head, dtype=torch.float64)
