@@ -188,11 +188,13 @@ def main(argv=None):
     parser.add_argument("--arch", type=int, action="append",
                         help="CUDA compute capability as one number, e.g. 90 for H100/H200 (default: 90 and 80)")
     parser.add_argument("--csv", type=Path, help="also write the table to this CSV file")
-    parser.add_argument("--record", help=argparse.SUPPRESS)  # internal: the interpreter child process
+    # internal: the interpreter child process records one project's launches into a JSON file
+    parser.add_argument("--record", nargs=2, metavar=("PROJECT", "JSON"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.record:
-        json.dump(record(args.record), sys.stdout)
+        project, path = args.record
+        Path(path).write_text(json.dumps(record(project)))
         return 0
 
     projects, archs = args.project or list(PROJECTS), args.arch or [90, 80]
@@ -205,12 +207,18 @@ def main(argv=None):
 
     rows, failed = [], False
     for project in projects:
-        recorded = subprocess.run([sys.executable, __file__, "--record", project], env=child_env,
-                                  capture_output=True, text=True)
-        if recorded.returncode:
-            print(recorded.stderr, file=sys.stderr)
-            raise SystemExit(f"recording the launches of {project} failed")
-        for launch in json.loads(recorded.stdout):
+        print(f"{project}: recording its kernel launches under the interpreter", file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory() as scratch:
+            launches_file = Path(scratch) / "launches.json"
+            recorded = subprocess.run([sys.executable, __file__, "--record", project, str(launches_file)],
+                                      env=child_env, capture_output=True, text=True)
+            if recorded.returncode:
+                print(recorded.stdout + recorded.stderr, file=sys.stderr)
+                raise SystemExit(f"recording the launches of {project} failed")
+            launches = json.loads(launches_file.read_text())
+        print(f"{project}: compiling {len(launches)} launches for {', '.join(f'sm_{a}' for a in archs)}",
+              file=sys.stderr, flush=True)
+        for launch in launches:
             for arch in archs:
                 result = compile_launch(launch, arch)
                 failed |= "error" in result
@@ -220,7 +228,7 @@ def main(argv=None):
 
     print(f"Triton {triton.__version__}; registers per thread, spilled (local) bytes per thread, shared "
           f"memory per program; warps = threads per program / 32")
-    header = f"{'kernel':<42}{'arch':<7}{'pointers':<14}{'regs':>5}{'spill':>6}{'shared':>8}{'warps':>6}{'s':>6}  constants"
+    header = f"{'kernel':<42}{'arch':<7}{'pointers':<18}{'regs':>5}{'spill':>6}{'shared':>8}{'warps':>6}{'s':>6}  constants"
     print(header)
     print("-" * len(header))
     for row in rows:
@@ -228,7 +236,7 @@ def main(argv=None):
         if "error" in row:
             print(f"{name:<42}{row['arch']:<7}FAILED: {row['error']}")
             continue
-        print(f"{name:<42}{row['arch']:<7}{row['pointers']:<14}{row['reg']:>5}{row['local']:>6}{row['shared']:>8}"
+        print(f"{name:<42}{row['arch']:<7}{row['pointers']:<18}{row['reg']:>5}{row['local']:>6}{row['shared']:>8}"
               f"{row['warps']:>6}{row['seconds']:>6.1f}  {row['constants']}")
     spilling = [row for row in rows if row.get("local")]
     if spilling:
