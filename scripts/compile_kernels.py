@@ -214,6 +214,8 @@ def main(argv=None):
                                       env=child_env, capture_output=True, text=True)
             if recorded.returncode:
                 print(recorded.stdout + recorded.stderr, file=sys.stderr)
+                if "only 0-dimensional arrays" in recorded.stderr:
+                    print("Triton < 3.8's interpreter needs NumPy < 2.4 (pip install 'numpy<2.4')", file=sys.stderr)
                 raise SystemExit(f"recording the launches of {project} failed")
             launches = json.loads(launches_file.read_text())
         print(f"{project}: compiling {len(launches)} launches for {', '.join(f'sm_{a}' for a in archs)}",
