@@ -3,17 +3,18 @@
 A compute class of h hours allows T = 3600 * h * v tokens, where v is the model
 config's throughput (tokens/s) on the reference hardware (Languini paper, section 3.1).
 The number of optimiser steps is T / (global batch size * sequence length), rounded to
-the nearest integer: the paper's published step counts (18,265 / 36,529 / 36,529 /
-21,908 / 43,817 for GPT 6h..96h) are all nearest-rounded, not floored.
+the nearest integer: the step counts the authors published with their GPT configs (18,265 / 36,529 /
+36,529 / 21,908 / 43,817 for 6h..96h, in the official code's languini/projects/gpt/README.md) are all
+nearest-rounded, not floored.
 """
 
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from languini import throughput
+from languini import flops, throughput
 
 PAPER_COMPUTE_CLASSES = ("6h", "12h", "24h", "48h", "96h")
 DEFAULT_REFERENCE_HARDWARE = "RTX 3090"
@@ -93,7 +94,7 @@ class TrainingPlan:
         """3 x forward FLOPs per sequence x sequences trained (backward counted as 2 forwards)."""
         if self.flops_per_forward is None:
             return None
-        return 3 * self.flops_per_forward * self.steps * self.global_batch_size
+        return flops.train_flops_per_token(self.flops_per_forward, self.seq_len) * self.tokens
 
     @property
     def expected_wall_seconds(self) -> float | None:
@@ -101,10 +102,6 @@ class TrainingPlan:
         if self.local_tokens_per_second is None:
             return None
         return self.tokens / (self.local_tokens_per_second * self.local_devices)
-
-    def as_dict(self) -> dict:
-        derived = ("tokens", "accelerator_seconds", "accelerator_hours", "total_flops", "expected_wall_seconds")
-        return {**asdict(self), **{name: getattr(self, name) for name in derived}}
 
 
 def plan_training(

@@ -102,7 +102,7 @@ def run(project: str, configs, model_cls, args: argparse.Namespace) -> dict | No
     if ddp.main:
         fwd_flops = flops.forward_flops(model_cls(model_cfg).to(device), model_cfg.seq_len, model_cfg.vocab_size,
                                         device)
-    registry = Path(sys.modules[configs.__name__].__file__).parent / "throughput.csv"
+    registry = throughput.registry_path(project)
     if tcfg.max_steps is not None:
         steps = tcfg.max_steps
         tok_s = tcfg.tokens_per_second

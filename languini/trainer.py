@@ -22,8 +22,9 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_map
 from tqdm import tqdm
 
-from languini import checkpoint
+from languini import checkpoint, flops
 from languini.books import BooksDataset, TrainBatches
+from languini.compute_class import DEFAULT_REFERENCE_HARDWARE
 from languini.evaluation import Evaluator
 from languini.flags import arg
 
@@ -31,7 +32,8 @@ from languini.flags import arg
 @dataclass
 class TrainConfig:
     compute_class: str | None = arg(None, "training budget in reference-hardware time: 6h, 24h, 15m, 90s, ...")
-    reference_hardware: str = arg("RTX 3090", "the hardware a compute class is measured on (a registry name)")
+    reference_hardware: str = arg(DEFAULT_REFERENCE_HARDWARE,
+                                  "the hardware a compute class is measured on (a registry name)")
     tokens_per_second: float | None = arg(None, "throughput on the reference hardware, instead of the registry's")
     max_steps: int | None = arg(None, "train for this many steps instead of a compute class (debugging)")
     batch_size: int = arg(16, "global batch: sequences per optimiser step, whatever the processes and accumulation")
@@ -67,6 +69,17 @@ class NonFiniteLoss(RuntimeError):
 
 def detach(state):
     return tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, state)
+
+
+def step_optimizers(optimizers, scaler) -> None:
+    """Step every optimiser, through the fp16 gradient scaler when there is one."""
+    for opt in optimizers:
+        if scaler:
+            scaler.step(opt)
+        else:
+            opt.step()
+    if scaler:
+        scaler.update()
 
 
 def lr_factor(step: int, total: int, warmup: int, final_fraction: float) -> float:
@@ -235,13 +248,7 @@ class Trainer:
                 self.scaler.unscale_(self.optimizers[0])
             # The norm covers dense gradients only; row-sparse value gradients are not clipped.
             torch.nn.utils.clip_grad_norm_(self.dense_params, self.tcfg.grad_clip)
-        for opt in self.optimizers:
-            if self.scaler:
-                self.scaler.step(opt)
-            else:
-                opt.step()
-        if self.scaler:
-            self.scaler.update()
+        step_optimizers(self.optimizers, self.scaler)
         for sched in self.schedulers:
             sched.step()
         if self.ddp.world_size > 1:
@@ -282,7 +289,7 @@ class Trainer:
                     row = {"event": "train", **self.position(self.step), "loss": loss,
                            "lr": self.schedulers[0].get_last_lr()[0], "tokens_per_second_local": tok_s}
                     if self.flops_per_forward and getattr(self, "peak_flops", None):
-                        row["mfu"] = 3 * self.flops_per_forward / self.seq_len * tok_s / self.peak_flops
+                        row["mfu"] = flops.mfu(self.flops_per_forward, self.seq_len, tok_s, self.peak_flops)
                     log.write(row)
                     bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}",
                                     **({"mfu": f"{row['mfu']:.1%}"} if "mfu" in row else {}))
@@ -335,7 +342,7 @@ class Trainer:
             "accelerator_hours": pos["accelerator_seconds"] / 3600 if pos["accelerator_seconds"] is not None else None,
             "parameters": sum(p.numel() for p in self.model.parameters()),
             "flops_per_forward": fwd,
-            "total_flops": 3 * fwd * pos["tokens"] / self.seq_len if fwd else None,
+            "total_flops": flops.train_flops_per_token(fwd, self.seq_len) * pos["tokens"] if fwd else None,
             "dataset": str(self.dataset.dir), "precision": self.precision,
             "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             **evals, **self.extra_results,

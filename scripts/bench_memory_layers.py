@@ -41,7 +41,6 @@ import datetime
 import functools
 import gc
 import importlib.metadata
-import inspect
 import math
 import os
 import platform
@@ -50,7 +49,7 @@ import shlex
 import statistics
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -59,7 +58,7 @@ from torch import nn
 
 from languini.trainer import precision_for
 from projects.lram_gpt.memory import LRAMBlock, theta
-from projects.pkm_gpt.pkm import ProductKeyMemory
+from projects.pkm_gpt.pkm import LRAM_PAPER_PKM, ProductKeyMemory
 
 # Vendor spec-sheet HBM bandwidths in GB/s (not measured here), matched against torch's device name.
 HBM_SPEC_GBPS = (
@@ -96,15 +95,10 @@ class Layer:
     sizes: Sequence[int] = ()
     size_label: Callable[[int], str] = str
     reverse_index: str | None = None  # the value_grad option of the reverse-index value gradient ("atomic": atomics)
-    layer_class: type | None = None
 
     @property
     def is_memory(self) -> bool:
         return bool(self.sizes)
-
-    @property
-    def supports_sparse_values(self) -> bool:
-        return self.layer_class is not None and "sparse_values" in inspect.signature(self.layer_class).parameters
 
 
 def dense_mlp(width, size=None):
@@ -115,16 +109,16 @@ def lram(width, memory_size, **options):
     return LRAMBlock(width, memory_size=memory_size, **options)
 
 
-def pkm(width, n_keys, **options):
-    return ProductKeyMemory(width, heads=8, k_dim=64, n_keys=n_keys, knn=32, v_dim=None, **options)
+def pkm(width, n_keys, use_triton=None, **options):
+    return ProductKeyMemory.from_config(width, replace(LRAM_PAPER_PKM, n_keys=n_keys, **options), use_triton)
 
 
 LAYERS = {
     "dense": Layer("dense MLP", dense_mlp),
     "lram": Layer("LRAM", lram, sizes=tuple(2**e for e in range(8, 41)),
-                  size_label=lambda n: f"N=2^{n.bit_length() - 1}", reverse_index="segment", layer_class=LRAMBlock),
+                  size_label=lambda n: f"N=2^{n.bit_length() - 1}", reverse_index="segment"),
     "pkm": Layer("PKM", pkm, sizes=range(32, 2**17), size_label=lambda n: f"n_keys={n}",
-                 reverse_index="sorted", layer_class=ProductKeyMemory),
+                 reverse_index="sorted"),
 }
 
 
@@ -313,7 +307,7 @@ def measure(layer_key: str, width: int, size: int | None, target: int | None, be
             m.fwd_bwd_reverse_index = median_per_token([r[0] for r in runs], bench)
             del module
             release(bench.device)
-        if layer.is_memory and layer.supports_sparse_values:
+        if layer.is_memory:
             stage = "step with SparseAdam"
             module = make(layer_key, width, size, bench.use_triton, sparse_values=True).to(bench.device)
             values = {id(p) for p in module.value_parameters()}
@@ -644,8 +638,6 @@ def main(argv=None):
     report += [f"- {note}" for note in unreachable]
     report.append("- Adam / sparse opt: the optimiser's share of the step (sparse: Adam on the dense weights and "
                   "SparseAdam on the values)")
-    for layer in (LAYERS[k] for k in args.layers if LAYERS[k].is_memory and not LAYERS[k].supports_sparse_values):
-        report.append(f"- {layer.name}: its constructor has no sparse_values option yet, so no row-sparse step")
     report.append("- lookup GB/s: bytes of the value rows LRAM's theta gathers per run (tokens x heads x topk rows) "
                   "over the time of theta alone, on precomputed queries")
     if not on_gpu:

@@ -17,10 +17,12 @@ import time
 
 import torch
 
-from languini.flags import parse_bool
 from torch import nn
 
-from projects.qlstm.cell import MultiHeadLSTM, QuasiLSTM
+from languini.flags import parse_bool
+from languini.trainer import detach
+from projects.qlstm.configs import ModelConfig
+from projects.qlstm.model import make_cell
 
 
 class CellStack(nn.Module):
@@ -38,14 +40,6 @@ class CellStack(nn.Module):
         return x, new_states
 
 
-def detach_state(state):
-    if state is None:
-        return None
-    if isinstance(state, tuple):
-        return tuple(s.detach() for s in state)
-    return state.detach()
-
-
 def time_training_steps(model, args, device, autocast_dtype):
     """Mean seconds per training step, after warmup steps."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -60,7 +54,7 @@ def time_training_steps(model, args, device, autocast_dtype):
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        states = [detach_state(s) for s in new_states]
+        states = detach(new_states)
 
     for _ in range(args.warmup):
         step()
@@ -90,20 +84,15 @@ def table_rows(args):
     return rows
 
 
-def make_cell(model, n_heads, d_head, block_len, impl, d_model):
-    if model == "LSTM":
-        return MultiHeadLSTM(d_model, n_heads, d_head)
-    return QuasiLSTM(d_model, n_heads, d_head, impl=impl, block_len=block_len or 16)
-
-
 def run_row(row, args, device, autocast_dtype):
     """tokens/s, ms per step and peak GiB as printable strings."""
     model_name, n_heads, d_head, block_len, impl = row
     if impl == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return "skipped: needs CUDA or TRITON_INTERPRET=1", "-", "-"
     torch.manual_seed(0)
-    model = CellStack(lambda: make_cell(model_name, n_heads, d_head, block_len, impl, args.d_model),
-                      args.d_model, args.n_layers).to(device)
+    cfg = ModelConfig(d_model=args.d_model, n_heads=n_heads, d_head=d_head, cell=model_name.lower(), impl=impl,
+                      block_len=block_len or ModelConfig.block_len)
+    model = CellStack(lambda: make_cell(cfg), args.d_model, args.n_layers).to(device)
     if args.compile:
         model = torch.compile(model)
     if device.type == "cuda":

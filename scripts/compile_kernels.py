@@ -15,6 +15,7 @@ Exits with 1 when a kernel fails to compile, after printing the compiler's error
 
 import argparse
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -62,9 +63,8 @@ def _scenarios(project):
         # Every value width >= 128 launches with BLOCK_DIM = 128, as this one does.
         for values_dtype in (torch.float32, torch.bfloat16):
             for value_grad, sparse in (("atomic", False), ("sorted", False), ("sorted", True)):
-                layer = ProductKeyMemory(128, heads=LRAM_PAPER_PKM.heads, k_dim=LRAM_PAPER_PKM.k_dim,
-                                         n_keys=LRAM_PAPER_PKM.n_keys, knn=LRAM_PAPER_PKM.knn,
-                                         value_grad=value_grad, use_triton=True, sparse_values=sparse)
+                config = dataclasses.replace(LRAM_PAPER_PKM, value_grad=value_grad, sparse_values=sparse)
+                layer = ProductKeyMemory.from_config(128, config, use_triton=True)
                 layer.values.data = layer.values.data.to(values_dtype)
                 x = torch.randn(1, 1, 128)
                 yield (f"values {values_dtype}, {value_grad}, sparse={sparse}",
@@ -224,7 +224,8 @@ def main(argv=None):
             for arch in archs:
                 result = compile_launch(launch, arch)
                 failed |= "error" in result
-                rows.append({"project": project, "kernel": launch["kernel"], "arch": f"sm_{arch}",
+                rows.append({"project": project, "kernel": launch["kernel"], "triton": triton.__version__,
+                             "arch": f"sm_{arch}",
                              "pointers": _pointer_dtypes(launch["signature"]),
                              "constants": _constants_text(launch["constants"]), **result})
 
@@ -244,7 +245,7 @@ def main(argv=None):
     if spilling:
         print(f"\n{len(spilling)} compiled launches spill registers to local memory (column 'spill').")
     if args.csv:
-        fields = ["project", "kernel", "arch", "pointers", "constants", "reg", "local", "stack", "shared", "warps",
+        fields = ["project", "kernel", "triton", "arch", "pointers", "constants", "reg", "local", "stack", "shared", "warps",
                   "seconds", "error"]
         with open(args.csv, "w", newline="") as file:
             writer = csv.DictWriter(file, fieldnames=fields, extrasaction="ignore")

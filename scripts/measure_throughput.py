@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from languini import flops, throughput
 from languini.flags import parse_bool
-from languini.trainer import build_optimizers, detach, precision_for
+from languini.trainer import build_optimizers, detach, precision_for, step_optimizers
 
 MIN_TIMED_STEPS = 10
 LEARNING_RATE = 6e-4  # the paper's GPT learning rate; the step time does not depend on it
@@ -69,7 +69,7 @@ def measure_batch_size(
     compile_model: bool,
 ) -> Measurement:
     """Median time of `steps` training steps after `warmup` untimed ones; tokens/s None on OOM."""
-    optimizers, _ = build_optimizers(model, LEARNING_RATE, device)  # exactly the trainer's optimiser step
+    optimizers, _ = build_optimizers(model, LEARNING_RATE, device)  # the trainer's optimisers and step
     autocast, scaler, _ = precision_for(device, precision)  # the trainer's mixed precision
     if compile_model:
         torch._dynamo.reset()  # a fresh graph per batch size; the recompile limit would otherwise fall back to eager
@@ -79,18 +79,13 @@ def measure_batch_size(
         torch.cuda.reset_peak_memory_stats(device)
 
     def train_step(state):
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
         with autocast():
             logits, state = forward(inputs, state)
-            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
         (loss if scaler is None else scaler.scale(loss)).backward()
-        for optimizer in optimizers:
-            if scaler is None:
-                optimizer.step()
-            else:
-                scaler.step(optimizer)
-            optimizer.zero_grad(set_to_none=True)
-        if scaler is not None:
-            scaler.update()
+        step_optimizers(optimizers, scaler)
         return detach(state)
 
     durations = []

@@ -266,9 +266,14 @@ def interpolate(q: torch.Tensor, values: torch.Tensor, K, topk: int = DEFAULT_TO
     if values.shape[0] != memory_size(K):
         raise ValueError(f"values has {values.shape[0]} rows but the torus {tuple(K)} has {memory_size(K)}")
     index, weight = lookup(q, K, topk)
-    dtype = torch.promote_types(q.dtype, torch.float32)
-    # embedding_bag sums weight * values[index] per query without materialising the [..., topk, m] rows;
-    # the cast first makes the value gradient accumulate in dtype, not in bf16
-    read = F.embedding_bag(index.reshape(-1, topk), values.to(dtype),
-                           per_sample_weights=weight.reshape(-1, topk).to(dtype), mode="sum")
-    return read.view(*q.shape[:-1], values.shape[1])
+    # the cast first makes the value gradient accumulate in float32 or wider, not in bf16
+    return weighted_read(index, weight, values.to(torch.promote_types(q.dtype, torch.float32)))
+
+
+def weighted_read(index: torch.Tensor, weight: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """sum_k weight[..., k] * table[index[..., k]]: [..., m] in the table's dtype."""
+    topk = index.shape[-1]
+    # embedding_bag sums per query without materialising the [..., topk, m] rows
+    read = F.embedding_bag(index.reshape(-1, topk), table, per_sample_weights=weight.reshape(-1, topk).to(table.dtype),
+                           mode="sum")
+    return read.view(*index.shape[:-1], table.shape[1])

@@ -273,11 +273,9 @@ class _Interpolate(torch.autograd.Function):
         index = torch.empty(n_rows * topk, dtype=torch.int64, device=q_rows.device) if segment else q_rows
         weight = torch.empty(n_rows * topk, dtype=torch.float32, device=q_rows.device) if segment else q_rows
         grid, pointers, scalars, meta = _launch_args(q_rows, K, M)
-        if need_q or need_values:
-            _backward_kernel[grid](
-                q_rows, values, grad_rows, grad_q, grad_values if atomic else q_rows, index, weight,
-                *pointers, *scalars, TOPK=topk, GRAD_Q=need_q, GRAD_VALUES_ATOMIC=atomic, WRITE_LOOKUP=segment,
-                **meta)
+        _backward_kernel[grid](
+            q_rows, values, grad_rows, grad_q, grad_values if atomic else q_rows, index, weight,
+            *pointers, *scalars, TOPK=topk, GRAD_Q=need_q, GRAD_VALUES_ATOMIC=atomic, WRITE_LOOKUP=segment, **meta)
         if segment:
             rows_read, sums = _segment_sum(grad_rows, index, weight, grad_values, topk)
             if ctx.sparse:

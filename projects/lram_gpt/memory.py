@@ -10,7 +10,6 @@ import math
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from projects.lram_gpt import lattice
 from projects.lram_gpt.lattice import DEFAULT_TOPK, DIM, check_torus
@@ -86,12 +85,9 @@ def interpolate_sparse_grad(q: torch.Tensor, values: torch.Tensor, K, topk: int 
         raise ValueError(f"values has {values.shape[0]} rows but the torus {tuple(K)} has {lattice.memory_size(K)}")
     index, weight = lattice.lookup(q, K, topk)
     rows_read, position = torch.unique(index, sorted=True, return_inverse=True)
-    dtype = torch.promote_types(q.dtype, torch.float32)
-    # the cast after the gather makes the summed row gradients accumulate in dtype, not in bf16
-    table = _GatherRows.apply(values, rows_read).to(dtype)
-    read = F.embedding_bag(position.reshape(-1, topk), table, per_sample_weights=weight.reshape(-1, topk).to(dtype),
-                           mode="sum")
-    return read.view(*q.shape[:-1], values.shape[1])
+    # the cast after the gather makes the summed row gradients accumulate in float32 or wider, not in bf16
+    table = _GatherRows.apply(values, rows_read).to(torch.promote_types(q.dtype, torch.float32))
+    return lattice.weighted_read(position, weight, table)
 
 
 def _triton_path(tensor: torch.Tensor, use_triton: bool | None) -> bool:

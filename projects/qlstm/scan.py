@@ -213,8 +213,8 @@ class _TritonLinearScan(torch.autograd.Function):
         f, c0_acc, c_all = ctx.saved_tensors
         batch, seq_len, n_heads, d_head = f.shape
         channels = n_heads * d_head
-        grad_all = torch.zeros_like(c_all) if grad_all is None else grad_all.contiguous()
-        grad_last = torch.zeros_like(c0_acc) if grad_last is None else grad_last.contiguous()
+        # autograd passes zeros, not None, for an output that received no gradient
+        grad_all, grad_last = grad_all.contiguous(), grad_last.contiguous()
         df = torch.empty_like(f)
         du = torch.empty_like(c_all)
         dc0 = torch.empty_like(c0_acc)

@@ -38,3 +38,4 @@ def test_kernels_compile_for_sm90(project, tmp_path):
         rows = list(csv.DictReader(file))
     assert {row["kernel"] for row in rows} == KERNELS[project]
     assert all(not row["error"] and int(row["reg"]) > 0 for row in rows), rows
+    assert all(int(row["local"]) == 0 for row in rows), "registers spill to local memory: " + str(rows)

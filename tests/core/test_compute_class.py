@@ -19,8 +19,8 @@ def test_bad_durations_name_the_accepted_forms(name):
         cc.compute_class_seconds(name)
 
 
-# Step counts the Languini authors published with their GPT configs (Table 6 runs,
-# RTX 3090 throughputs of Table 5, seq_len 512): all are round(3600 h v / (batch * 512)).
+# Step counts the Languini authors published with their GPT configs (official code, languini/projects/gpt/
+# README.md; RTX 3090 throughputs of Table 5, seq_len 512): all are round(3600 h v / (batch * 512)).
 @pytest.mark.parametrize(
     "hours, tokens_per_second, batch, steps",
     [(6, 55416, 128, 18265), (12, 55416, 128, 36529), (24, 55416, 256, 36529),

@@ -87,7 +87,7 @@ def test_folder_without_splits(tmp_path):
 def test_default_corpus_is_deterministic(tmp_path):
     default_corpus.write_text(tmp_path / "a")
     default_corpus.write_text(tmp_path / "b")
-    for (pa, ta), (pb, tb) in zip(texts(tmp_path / "a"), texts(tmp_path / "b")):
+    for (pa, ta), (pb, tb) in zip(texts(tmp_path / "a"), texts(tmp_path / "b"), strict=True):
         assert pa.name == pb.name and ta == tb
     train = sorted((tmp_path / "a" / "train").iterdir())
     assert len(train) == default_corpus.SPLITS["train"]

@@ -87,8 +87,8 @@ def test_hand_count_of_the_gpt_matches_the_languini_paper(name, millions):
     assert count / 1e6 == pytest.approx(millions, abs=0.05)
 
 
-@pytest.mark.parametrize("name", ["cpu", "small", "small_xlm"])
-def test_parameter_count_by_hand(name):
+@pytest.mark.parametrize("name,readme_millions", [("cpu", None), ("small", 156.8), ("small_xlm", 308.5)])
+def test_parameter_count_by_hand(name, readme_millions):
     cfg = configs.get(name)
     with torch.device("meta"):
         model = Model(cfg)
@@ -96,6 +96,7 @@ def test_parameter_count_by_hand(name):
     expected = (gpt_parameters(cfg.vocab_size, cfg.seq_len, d, cfg.n_layers, cfg.n_heads, cfg.d_head, cfg.mlp_ratio)
                 - mlp_parameters(d, cfg.mlp_ratio) + pkm_parameters(d, cfg.pkm_heads, cfg.pkm_k_dim, cfg.pkm_n_keys))
     assert sum(p.numel() for p in model.parameters()) == expected
+    assert readme_millions is None or round(expected / 1e6, 1) == readme_millions  # as projects/pkm_gpt/README.md
 
 
 def test_lram_paper_pkm_adds_its_parameters():

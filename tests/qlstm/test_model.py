@@ -39,7 +39,7 @@ def test_parameter_counts_and_block_lengths_match_table_8(size):
     millions, _, block_len = TABLE_8[size]
     with torch.device("meta"):
         model = Model(configs.SIZES[size])
-    assert sum(p.numel() for p in model.parameters()) / 1e6 == pytest.approx(millions, rel=0.01)
+    assert round(sum(p.numel() for p in model.parameters()) / 1e6, 1) == millions  # to the printed digit
     assert configs.SIZES[size].block_len == block_len
     assert configs.SIZES[size].vocab_size == 16384 and configs.SIZES[size].seq_len == 512
 
@@ -50,7 +50,7 @@ def test_forward_flops_match_table_8(size):
     cfg = configs.SIZES[size]
     with torch.device("meta"):
         model = Model(cfg)
-    assert flops.forward_flops(model, 512, cfg.vocab_size, "meta") / 1e9 == pytest.approx(gigaflops, rel=0.03)
+    assert flops.forward_flops(model, 512, cfg.vocab_size, "meta") / 1e9 == pytest.approx(gigaflops, rel=0.002)
 
 
 @pytest.mark.parametrize("cell, impl", RUNS)
