@@ -23,7 +23,7 @@ minibatch size"), the median of --repeats runs after --warmup runs:
 GPU times come from CUDA events, CPU times from time.perf_counter (CPU kernels are synchronous).
 On CPU the layers run their PyTorch reference paths: use tiny sizes, for a smoke test only.
 
-Writes under --out: memory_layers_<device>.txt (the printed report), .csv (one row per layer and size,
+Writes under --out: memory_layers_<device>_<precision>.txt (the printed report), .csv (one row per layer and size,
 with the device, date, torch and triton versions and the command line) and .png (forward and
 forward+backward time per token against total parameters, log-log, one line per layer and width).
 Then it checks issue 4's goals on the numbers when on a GPU.
@@ -655,7 +655,8 @@ def main(argv=None):
 
     print("\n".join(report))
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"memory_layers_{re.sub(r'[^a-z0-9]+', '-', device_name.lower()).strip('-')}"
+    # The precision is in the name so that an fp32 and a bf16 run can share one results folder.
+    stem = args.out / f"memory_layers_{re.sub(r'[^a-z0-9]+', '-', device_name.lower()).strip('-')}_{precision}"
     stem.with_suffix(".txt").write_text("\n".join(report) + "\n")
     write_csv(stem.with_suffix(".csv"), results, meta, hbm_gbps)
     plot(stem.with_suffix(".png"), results, f"{device_name}, {precision}, {args.tokens} tokens per run, "

@@ -4,17 +4,18 @@
 # own timeout and does not stop the ones after it; $OUT/summary.tsv lists step, exit code, seconds, verdict.
 # The script exits with 1 when any step failed.
 #
-#   OUT=/path/to/results bash scripts/gpu_session.sh            # all steps; their timeouts sum to ~24 min
+#   OUT=/path/to/results bash scripts/gpu_session.sh            # all steps; their timeouts sum to ~30 min
 #   bash scripts/gpu_session.sh env tests                       # chosen steps or groups, in the order given
 #
 # Steps (timeouts in seconds) and groups; each line's timeouts sum to under 10 minutes, a common limit per command:
-#   env (45) tests (390)
+#   env (45) tests (390; 8 processes with pytest-xdist where it is installed)
 #   throughput = throughput_gpt (90) throughput_qlstm (90) throughput_lram_gpt (120) throughput_pkm_gpt (100)
-#   bench      = bench_qlstm (150) bench_memory_layers (240)
-#   train      = train_gpt (120) train_qlstm (120)
+#   bench      = bench_qlstm (150) bench_memory_bf16 (200) bench_memory_fp32 (200)
+#   train      = train_gpt (100) train_qlstm (120) train_lram_gpt (100) train_pkm_gpt (100)
 # Throughput rows are appended to copies of the registries in $OUT/throughput/<project>.csv, not to projects/.
-# Training runs write to a scratch folder; their logs and results (not the checkpoints) are copied to $OUT/runs;
-# with no dataset in data/, the first one builds the embedded default corpus in data/default_corpus.
+# Training runs (200 steps of the small config at batch 16) write to a scratch folder; their logs and results
+# (not the checkpoints) are copied to $OUT/runs. They read DATA_ROOT with VOCAB_SIZE when both are set (a
+# prepared book corpus), else the embedded default corpus, which the first one builds in data/default_corpus.
 # Needs torch, triton, numpy, deepspeed, sentencepiece, tqdm, matplotlib and pytest (the env step lists them).
 set -u
 
@@ -46,9 +47,11 @@ for name in ("triton", "numpy", "deepspeed", "sentencepiece", "tqdm", "matplotli
 EOF
 }
 
-kernel_tests() {
+kernel_tests() {  # compiling the kernels takes most of the time and runs on the CPU: 8 processes where possible
+    local parallel=()
+    python -c "import xdist" 2>/dev/null && parallel=(-n 8)
     env -u TRITON_INTERPRET LANGUINI_TEST_DEVICE=cuda python -m pytest tests/lram_gpt tests/pkm_gpt tests/qlstm \
-        -q -p no:cacheprovider --durations=15 --junitxml="$OUT/tests.xml"
+        "${parallel[@]}" -q -p no:cacheprovider --durations=15 --junitxml="$OUT/tests.xml"
 }
 
 throughput_sweep() {  # project; the largest batch tried is that of the small compute classes
@@ -62,14 +65,16 @@ bench_qlstm() {
     python scripts/bench_qlstm.py --steps 3 --warmup 1
 }
 
-bench_memory_layers() {  # widths and targets that judge all three of issue 4's goals
-    python scripts/bench_memory_layers.py --widths 512,4096 --params 2^20,2^22,2^24,2^26,2^28 \
+bench_memory_layers() {  # precision; widths and targets that judge all three of issue 4's goals
+    python scripts/bench_memory_layers.py --precision "$1" --widths 512,4096 --params 2^20,2^22,2^24,2^26,2^28 \
         --repeats 5 --warmup 2 --out "$OUT"
 }
 
 train_smoke() {  # project; the checkpoint (model and Adam state) stays in $SCRATCH, the rest is copied
-    python "projects/$1/train.py" --config small --max_steps 20 --batch_size 8 --eval_max_batches 2 \
-        --slow_eval_max_windows 4 --eval_every 10 --checkpoint_every 20 --log_every 5 --out_dir "$SCRATCH/runs"
+    local data=()
+    [[ -n "${DATA_ROOT:-}" && -n "${VOCAB_SIZE:-}" ]] && data=(--data_root "$DATA_ROOT" --vocab_size "$VOCAB_SIZE")
+    python "projects/$1/train.py" --config small "${data[@]}" --max_steps 200 --batch_size 16 --eval_max_batches 4 \
+        --slow_eval_max_windows 8 --eval_every 50 --checkpoint_every 200 --log_every 20 --out_dir "$SCRATCH/runs"
     local status=$?
     mkdir -p "$OUT/runs"
     (cd "$SCRATCH/runs" 2>/dev/null && find . -type f ! -name '*.pt' -exec cp --parents {} "$OUT/runs/" \;)
@@ -81,7 +86,7 @@ train_smoke() {  # project; the checkpoint (model and Adam state) stays in $SCRA
 export -f env_report kernel_tests throughput_sweep bench_qlstm bench_memory_layers train_smoke
 
 ORDER="env tests throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt bench_qlstm
-       bench_memory_layers train_gpt train_qlstm"
+       bench_memory_bf16 bench_memory_fp32 train_gpt train_qlstm train_lram_gpt train_pkm_gpt"
 # step: timeout in seconds, command
 declare -A STEPS=(
     [env]="45 env_report"
@@ -91,14 +96,17 @@ declare -A STEPS=(
     [throughput_lram_gpt]="120 throughput_sweep lram_gpt"
     [throughput_pkm_gpt]="100 throughput_sweep pkm_gpt"
     [bench_qlstm]="150 bench_qlstm"
-    [bench_memory_layers]="240 bench_memory_layers"
-    [train_gpt]="120 train_smoke gpt"
+    [bench_memory_bf16]="200 bench_memory_layers bf16"
+    [bench_memory_fp32]="200 bench_memory_layers fp32"
+    [train_gpt]="100 train_smoke gpt"
     [train_qlstm]="120 train_smoke qlstm"
+    [train_lram_gpt]="100 train_smoke lram_gpt"
+    [train_pkm_gpt]="100 train_smoke pkm_gpt"
 )
 declare -A STEP_GROUPS=(
     [throughput]="throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt"
-    [bench]="bench_qlstm bench_memory_layers"
-    [train]="train_gpt train_qlstm"
+    [bench]="bench_qlstm bench_memory_bf16 bench_memory_fp32"
+    [train]="train_gpt train_qlstm train_lram_gpt train_pkm_gpt"
 )
 selected=()
 for name in ${@:-$ORDER}; do

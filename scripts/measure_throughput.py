@@ -15,7 +15,10 @@ import dataclasses
 import datetime
 import gc
 import importlib
+import importlib.metadata
+import shlex
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 
@@ -190,6 +193,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def run_note(args: argparse.Namespace, n_fitted: int, argv) -> str:
+    """The registry row's note: what was measured, the Triton version and the command that measured it."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        triton = f"triton {importlib.metadata.version('triton')}"
+    except importlib.metadata.PackageNotFoundError:
+        triton = "no triton"
+    measured = f"best of {n_fitted} batch sizes" if args.sweep else "fixed batch size"
+    return f"{measured}; {triton}; {shlex.join(['python', 'scripts/measure_throughput.py', *argv])}"
+
+
 def refuse_multiple_gpus(device: torch.device) -> None:
     count = torch.cuda.device_count() if device.type == "cuda" else 0
     if count > 1:
@@ -257,7 +271,7 @@ def main(argv=None) -> throughput.ThroughputRow:
         torch_version=torch.__version__,
         date=datetime.date.today().isoformat(),
         source="measured",
-        note=f"best of {len(fitted)} batch sizes" if args.sweep else "fixed batch size",
+        note=run_note(args, len(fitted), argv),
     )
     if args.save:
         registry = args.registry or throughput.registry_path(args.project)

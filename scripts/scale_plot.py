@@ -3,6 +3,7 @@
     python scripts/scale_plot.py runs/ --out scale.png                    # every results.json under runs/
     python scripts/scale_plot.py runs/gpt_* runs/qlstm_* --out scale.png --mode fast --split java
     python scripts/scale_plot.py runs/ --out curves.png --curves          # eval rows of each log.jsonl
+    python scripts/scale_plot.py runs/ --out curves.png --curves --x tokens  # runs without a reference throughput
 
 Scale plots take each run's final normalised perplexity (results.json, --mode and --split),
 keep the best run per project and compute class (unless --all_runs), and fit per project
@@ -182,40 +183,49 @@ def curve_split(rows: list[dict], mode: str) -> str | None:
     return max(counts, key=counts.get) if counts else None
 
 
-def plot_curves(runs: list[Path], out: Path, mode: str, split: str | None) -> int:
-    """Normalised perplexity over accelerator seconds from each run's eval rows; returns the curves drawn.
+CURVE_X_LABELS = {"accelerator_seconds": "accelerator seconds (reference hardware)", "tokens": "training tokens"}
 
-    Without a split, each run's training-time eval split (valid, or test) is drawn."""
+
+def plot_curves(runs: list[Path], out: Path, mode: str, split: str | None,
+                x: str = "accelerator_seconds") -> tuple[int, list[str]]:
+    """Normalised perplexity over `x` from each run's eval rows; returns the curves drawn and why others were not.
+
+    Without a split, each run's training-time eval split (valid, or test) is drawn. A run trained without a
+    reference throughput (e.g. --max_steps on a config with no registry row) has no accelerator seconds:
+    draw it over tokens."""
     figure, axis = plt.subplots(figsize=(8, 5))
-    drawn, classes, splits = 0, set(), set()
+    drawn, classes, splits, skipped = 0, set(), set(), []
     for run in runs:
         rows = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
         run_split = split or curve_split(rows, mode)
         splits.add(run_split)
-        evals = [r for r in rows if r.get("event") == "eval" and r.get("mode") == mode and r.get("split") == run_split
-                 and r.get("accelerator_seconds") is not None]
+        evals = [r for r in rows if r.get("event") == "eval" and r.get("mode") == mode and r.get("split") == run_split]
         if not evals:
+            skipped.append(f"{run.name}: no {mode} eval rows on {run_split!r}")
             continue
-        evals.sort(key=lambda r: r["accelerator_seconds"])
-        axis.plot([r["accelerator_seconds"] for r in evals], [r["normalised_perplexity"] for r in evals],
-                  marker=".", label=run.name)
+        if any(r.get(x) is None for r in evals):
+            skipped.append(f"{run.name}: its eval rows have no {x} (try --x tokens)")
+            continue
+        evals.sort(key=lambda r: r[x])
+        axis.plot([r[x] for r in evals], [r["normalised_perplexity"] for r in evals], marker=".", label=run.name)
         results = json.loads((run / "results.json").read_text()) if (run / "results.json").is_file() else {}
         classes.update({results["compute_class"]} if results.get("compute_class") else set())
         drawn += 1
     if drawn == 0:
-        raise SystemExit(f"no {mode} eval rows on {split!r} in the runs' log.jsonl")
+        raise SystemExit(f"no learning curve to draw: {'; '.join(skipped)}")
     axis.set_xscale("log")
     axis.xaxis.set_minor_formatter(NullFormatter())
-    axis.set_xlabel("accelerator seconds (reference hardware)")
+    axis.set_xlabel(CURVE_X_LABELS[x])
     axis.set_ylabel("normalised perplexity")
     axis.set_title(f"learning curves ({mode} eval, {', '.join(sorted(s for s in splits if s))})", fontsize=9)
-    compute_class_lines(axis, classes)
+    if x == "accelerator_seconds":  # compute classes are accelerator seconds, not tokens
+        compute_class_lines(axis, classes)
     axis.legend(fontsize=7)
     axis.grid(True, which="both", alpha=0.3)
     figure.tight_layout()
     figure.savefig(out, dpi=150)
     plt.close(figure)
-    return drawn
+    return drawn, skipped
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -228,6 +238,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="eval split, e.g. test or an OOD split (default: test; for --curves each run's "
                              "training-time eval split)")
     parser.add_argument("--curves", action="store_true", help="draw learning curves from log.jsonl instead")
+    parser.add_argument("--x", choices=tuple(CURVE_X_LABELS), default="accelerator_seconds",
+                        help="x axis of learning curves (default: accelerator seconds)")
     parser.add_argument("--all_runs", type=parse_bool, default=False,
                         help="plot every run, not only the best per project and compute class (true/false)")
     return parser.parse_args(argv)
@@ -238,7 +250,9 @@ def main(argv=None) -> list[Fit]:
     runs = find_runs(args.runs)
     out = Path(args.out)
     if args.curves:
-        drawn = plot_curves(runs, out, args.mode or "fast", args.split)
+        drawn, skipped = plot_curves(runs, out, args.mode or "fast", args.split, args.x)
+        for reason in skipped:
+            print(f"skipped {reason}")
         print(f"wrote {out} ({drawn} learning curves)")
         return []
     args.mode, args.split = args.mode or "slow", args.split or "test"

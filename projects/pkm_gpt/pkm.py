@@ -50,9 +50,10 @@ def product_key_topk(queries, sub_keys, knn):
     # Score in at least fp32, also under autocast, so near-ties are ranked by the exact scores.
     dtype = torch.promote_types(queries.dtype, torch.float32)
     device_type = queries.device.type
-    # The meta device (used to count FLOPs of big models) has no autocast to switch off.
+    # The meta device (used to count FLOPs of big models) has no autocast to switch off. A plain comparison,
+    # not torch.amp.is_autocast_available: torch.compile of torch 2.11 cannot trace that call (graph break).
     no_autocast = (torch.autocast(device_type=device_type, enabled=False)
-                   if torch.amp.is_autocast_available(device_type) else contextlib.nullcontext())
+                   if device_type != "meta" else contextlib.nullcontext())
     with no_autocast:
         halves = queries.to(dtype).unflatten(-1, (2, -1))  # [R, heads, 2, k_dim/2]
         half_scores = torch.einsum("rhsd,hsnd->rhsn", halves, sub_keys.to(dtype))  # [R, heads, 2, n_keys]

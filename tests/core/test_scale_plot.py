@@ -29,7 +29,7 @@ def write_run(root, name, project, compute_class, hours, flops, perplexity, spli
     }
     (run / "results.json").write_text(json.dumps(results))
     rows = [{"event": "train", "step": 1, "tokens": 1, "accelerator_seconds": 1.0, "loss": 5.0, "lr": 1e-3}]
-    rows += [{"event": "eval", "step": i, "tokens": i, "accelerator_seconds": s, "split": split, "mode": mode,
+    rows += [{"event": "eval", "step": i, "tokens": 1000 * (i + 1), "accelerator_seconds": s, "split": split, "mode": mode,
               "loss": 1.0, "normalised_perplexity": p, "scored_tokens": 10, "scored_bytes": 40}
              for i, (s, p) in enumerate(curve)]
     (run / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -105,6 +105,21 @@ def test_learning_curves_are_drawn_from_the_logs(scale_plot, tmp_path, capsys):
     assert out.read_bytes().startswith(PNG_MAGIC)
     with pytest.raises(SystemExit, match="no slow eval rows"):
         scale_plot.main([str(tmp_path), "--out", str(out), "--curves", "--mode", "slow"])
+
+
+def test_learning_curves_without_accelerator_seconds_are_said_and_drawn_over_tokens(scale_plot, tmp_path, capsys):
+    # A --max_steps run of a config with no registry row logs no accelerator seconds.
+    write_run(tmp_path, "gpt_1h", "gpt", "1h", 1, 1e16, 2.5, mode="fast", curve=[(60.0, 4.0), (600.0, 3.0)])
+    write_run(tmp_path, "lram_gpt_600steps", "lram_gpt", None, 1, 1e16, 2.6, mode="fast",
+              curve=[(None, 4.1), (None, 3.2)])
+    out = tmp_path / "curves.png"
+    scale_plot.main([str(tmp_path), "--out", str(out), "--curves"])
+    printed = capsys.readouterr().out
+    assert "skipped lram_gpt_600steps: its eval rows have no accelerator_seconds" in printed
+    assert "(1 learning curves)" in printed
+    scale_plot.main([str(tmp_path), "--out", str(out), "--curves", "--x", "tokens"])
+    assert "(2 learning curves)" in capsys.readouterr().out
+    assert out.read_bytes().startswith(PNG_MAGIC)
 
 
 def test_paths_without_runs_are_errors(scale_plot, tmp_path):

@@ -219,6 +219,10 @@ def test_measure_sweep_on_cpu_appends_a_row(toy_project, tmp_path, capsys):
     assert (row.project, row.config, row.hardware, row.seq_len, row.source) == (toy_project, "cpu", "cpu", 16, "measured")
     assert (row.precision, row.compiled, row.torch_version) == ("fp32", False, torch.__version__)
     assert row.date == datetime.date.today().isoformat()
+    # The note says how the row was measured: enough to measure it again.
+    assert row.note.startswith("best of ") and "; triton " in row.note
+    assert row.note.endswith(f"python scripts/measure_throughput.py {toy_project} cpu --registry {registry} --steps 10 "
+                             "--warmup 1 --sweep --max_batch_size 4")
     assert tp.read_registry(registry) == [replace(row, tokens_per_second=round(row.tokens_per_second, 3))]
     assert tp.lookup(registry, toy_project, "cpu", "cpu", seq_len=16).batch_size == row.batch_size
 

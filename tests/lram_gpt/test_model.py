@@ -196,7 +196,8 @@ def test_configs():
 
 
 def test_training_run_end_to_end(tmp_path):
-    argv = ["--max_steps", "3", "--batch_size", "4", "--eval_every", "3", "--eval_batch_size", "4",
+    # --config cpu: without it a machine with a GPU picks the small config.
+    argv = ["--config", "cpu", "--max_steps", "3", "--batch_size", "4", "--eval_every", "3", "--eval_batch_size", "4",
             "--eval_max_batches", "2", "--slow_eval_max_windows", "2", "--out_dir", str(tmp_path),
             "--run_name", "smoke"]
     experiment.main("lram_gpt", configs, Model, argv=argv)
