@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +25,9 @@ CPU_CONFIG = "cpu"
 def build_parser(project: str, configs) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=f"projects/{project}/train.py",
+        # the generated usage lists every flag: 25 lines above each one-line error
+        usage=f"python projects/{project}/train.py (--compute_class CLASS | --max_steps N) [--FLAG VALUE ...] "
+              "(--help lists the flags)",
         description=f"Train and evaluate a {project} model for a compute class.")
     parser.add_argument("--config", default=None,
                         help=f"model size, one of {', '.join(configs.SIZES)} (default: the compute class's, "
@@ -33,22 +38,64 @@ def build_parser(project: str, configs) -> argparse.ArgumentParser:
     return parser
 
 
-def load_data(tcfg: TrainConfig, model_cfg, say, ddp: Dist) -> tuple[BooksDataset, object]:
-    """The dataset and the model config (its vocab set to the default corpus's when that is used)."""
-    if tcfg.data_root is not None:
-        return BooksDataset(tcfg.data_root, model_cfg.vocab_size), model_cfg
-    if (DEFAULT_DATA / f"books_{model_cfg.vocab_size}").is_dir():
-        return BooksDataset(DEFAULT_DATA, model_cfg.vocab_size), model_cfg
-    if not ddp.main:
-        dist.barrier()  # rank 0 builds the corpus once
-    ds = default_corpus.ensure(DEFAULT_DATA / "default_corpus")
-    if ddp.main and ddp.world_size > 1:
-        dist.barrier()
+def data_search_roots() -> list[Path]:
+    """Where a prepared dataset is looked for without --data_root: the repository's data/, then ./data."""
+    roots = [DEFAULT_DATA]
+    if (Path.cwd() / "data").resolve() != DEFAULT_DATA.resolve():
+        roots.append(Path.cwd() / "data")
+    return roots
+
+
+def prepared_datasets(root: Path) -> dict[int, Path]:
+    """The books_<vocab>/ folders directly under root, by vocab size."""
+    found = {}
+    for path in sorted(root.glob("books_*")) if root.is_dir() else []:
+        vocab = path.name[len("books_"):]
+        if path.is_dir() and vocab.isdigit():
+            found[int(vocab)] = path
+    return found
+
+
+def dataset_vocab(root: Path, config_vocab: int, vocab_given: bool) -> int | None:
+    """The vocab of the dataset to train on under root: the config's if prepared (or given with --vocab_size),
+    else the only one there; None when root holds no dataset."""
+    found = prepared_datasets(root)
+    if not found:
+        return None
+    if config_vocab in found or vocab_given:
+        return config_vocab  # a --vocab_size with no dataset fails in BooksDataset, naming what is there
+    if len(found) == 1:
+        return next(iter(found))
+    raise DataError(f"{root} holds several datasets ({', '.join(p.name for p in found.values())}) and none for the "
+                    f"config's vocab {config_vocab}: choose one with --vocab_size.")
+
+
+def load_data(tcfg: TrainConfig, model_cfg, vocab_given: bool, say, ddp: Dist) -> tuple[BooksDataset, object]:
+    """The dataset and the model config, its vocab set to the data's unless --vocab_size was given.
+
+    --data_root, else a dataset prepared under data/ (data_search_roots), else the embedded default corpus."""
+    roots = [Path(tcfg.data_root)] if tcfg.data_root is not None else data_search_roots()
+    for root in roots:
+        vocab = dataset_vocab(root, model_cfg.vocab_size, vocab_given)
+        if vocab is not None:
+            ds = BooksDataset(root, vocab)
+            break
+    else:
+        if tcfg.data_root is not None:
+            ds = BooksDataset(tcfg.data_root, model_cfg.vocab_size)  # fails, saying how to prepare it
+        else:
+            if not ddp.main:
+                dist.barrier()  # rank 0 builds the corpus once
+            ds = default_corpus.ensure(DEFAULT_DATA / "default_corpus")
+            if ddp.main and ddp.world_size > 1:
+                dist.barrier()
+            say(f"No dataset given (--data_root) or prepared in {' or '.join(map(str, roots))} "
+                f"(books_<vocab>/ from scripts/prepare_books.py): using the {default_corpus.LABEL}.")
     vocab_note = ""
-    if model_cfg.vocab_size != default_corpus.VOCAB_SIZE:
-        model_cfg = dataclasses.replace(model_cfg, vocab_size=default_corpus.VOCAB_SIZE)
-        vocab_note = f", vocab set to its {default_corpus.VOCAB_SIZE}"
-    say(f"No dataset given (--data_root) or in {DEFAULT_DATA}: using the {default_corpus.LABEL}{vocab_note}.")
+    if model_cfg.vocab_size != ds.vocab_size:
+        model_cfg = dataclasses.replace(model_cfg, vocab_size=ds.vocab_size)
+        vocab_note = f"; the model's vocab set to its {ds.vocab_size}"
+    say(f"Dataset {ds.name}: {ds.dir.resolve()} (fingerprint {ds.fingerprint}){vocab_note}.")
     return ds, model_cfg
 
 
@@ -61,6 +108,45 @@ def bytes_table(ds: BooksDataset, tcfg: TrainConfig, vocab_size: int) -> torch.T
     if sp.get_piece_size() != vocab_size:
         raise DataError(f"The tokenizer {path} has {sp.get_piece_size()} tokens but the model's vocab is {vocab_size}.")
     return torch.from_numpy(tokenizer.bytes_per_token(sp))
+
+
+def file_fingerprint(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+
+
+def git_state(repo: Path = REPO_ROOT) -> dict:
+    """The commit of the code that runs, and whether the checkout differs from it (None outside git)."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True,
+                              timeout=30).stdout.strip()
+    try:
+        # untracked files count as changes (a new project not yet committed); ignored ones (runs/, data/) do not
+        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def check_values(tcfg: TrainConfig, model_cfg) -> None:
+    """One clear error for values no run can use, before any work (the trainer would fail later, obscurely)."""
+    at_least = {"batch_size": 1, "micro_batches": 1, "eval_batch_size": 1, "log_every": 1, "warmup_steps": 0,
+                "max_steps": 1, "eval_every": 1, "checkpoint_every": 1, "stop_at_step": 1, "eval_max_batches": 1,
+                "slow_eval_max_windows": 1}
+    for name, low in at_least.items():
+        value = getattr(tcfg, name)
+        if value is not None and value < low:
+            raise ValueError(f"--{name} must be at least {low}, got {value}.")
+    for name in ("lr", "grad_clip", "tokens_per_second"):
+        value = getattr(tcfg, name)
+        if value is not None and not value > 0:
+            raise ValueError(f"--{name} must be positive, got {value}.")
+    if not 0 <= tcfg.final_lr_fraction <= 1:
+        raise ValueError(f"--final_lr_fraction must be in [0, 1], got {tcfg.final_lr_fraction}.")
+    for name in ("seq_len", "vocab_size"):
+        if getattr(model_cfg, name) < 1:
+            raise ValueError(f"--{name} must be at least 1, got {getattr(model_cfg, name)}.")
+    if tcfg.max_steps is not None and tcfg.compute_class is not None:
+        raise ValueError("--max_steps and --compute_class are two budgets; give one. To train only the first N "
+                         "steps of a compute class (its schedule unchanged), add --stop_at_step N to the class.")
 
 
 def main(project: str, configs, model_cls, argv: list[str] | None = None) -> dict | None:
@@ -92,10 +178,13 @@ def run(project: str, configs, model_cls, args: argparse.Namespace) -> dict | No
     tcfg = TrainConfig(**{**class_defaults, **train_over})
     if tcfg.compute_class is not None:
         compute_class.compute_class_seconds(tcfg.compute_class)  # a typo fails before any work is done
-    model_cfg = configs.get(config_name, **overrides(args, configs.ModelConfig))
+    model_over = overrides(args, configs.ModelConfig)
+    model_cfg = configs.get(config_name, **model_over)
+    check_values(tcfg, model_cfg)
 
-    dataset, model_cfg = load_data(tcfg, model_cfg, say, ddp)
+    dataset, model_cfg = load_data(tcfg, model_cfg, "vocab_size" in model_over, say, ddp)
     bytes_per_token = bytes_table(dataset, tcfg, model_cfg.vocab_size)
+    tokenizer_file = Path(tcfg.tokenizer) if tcfg.tokenizer else dataset.tokenizer_path()  # bytes_table's
 
     local_hw = throughput.local_device_name(device)
     fwd_flops = None
@@ -124,21 +213,23 @@ def run(project: str, configs, model_cls, args: argparse.Namespace) -> dict | No
     if tcfg.dry_run:
         return None
 
-    run_name = tcfg.run_name or (f"{project}_{config_name}_{tcfg.compute_class or f'{steps}steps'}"
-                                 f"_bs{tcfg.batch_size}_seed{tcfg.seed}")
+    run_name = tcfg.run_name or (f"{project}_{config_name}_{dataset.name}-{dataset.fingerprint[:8]}"
+                                 f"_{tcfg.compute_class or f'{steps}steps'}_bs{tcfg.batch_size}_seed{tcfg.seed}")
     run_dir = Path(tcfg.out_dir) / run_name
     if (run_dir / "checkpoint.pt").exists() and not tcfg.resume:
         raise FileExistsError(f"{run_dir} already holds a run; continue it with --resume true "
                               "or start another with --run_name NAME.")
-    if ddp.main:
-        run_dir.mkdir(parents=True, exist_ok=True)
 
+    provenance = {"tokenizer": str(tokenizer_file.resolve()), "tokenizer_fingerprint": file_fingerprint(tokenizer_file),
+                  "git": git_state()}
     peak = flops.device_peak(local_hw)
     trainer = Trainer(project=project, config_name=config_name, model_cfg=model_cfg, model_cls=model_cls,
                       tcfg=tcfg, dataset=dataset, bytes_per_token=bytes_per_token, run_dir=run_dir,
                       total_steps=steps, tokens_per_second=tok_s, reference_hardware=tcfg.reference_hardware,
-                      flops_per_forward=fwd_flops, device=device, ddp=ddp)
+                      flops_per_forward=fwd_flops, device=device, ddp=ddp, extra_results=provenance)
     trainer.peak_flops = peak.flops_per_second if peak else None
+    if ddp.main:  # only now: a batch the data cannot fill fails above without leaving an empty run folder
+        run_dir.mkdir(parents=True, exist_ok=True)
     config = {"project": project, "config": config_name, "model": dataclasses.asdict(model_cfg),
               "train": dataclasses.asdict(tcfg), "steps": steps}
     log = RunLog(run_dir, config, tcfg.wandb, tcfg.wandb_project, tcfg.tensorboard, enabled=ddp.main,

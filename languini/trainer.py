@@ -186,6 +186,9 @@ class Trainer:
                                    self.autocast, self.ddp.rank, self.ddp.world_size)
         self.eval_split = "valid" if "valid" in dataset.splits else "test"
         self.step = 0
+        # wall time over all jobs of the run (kept in checkpoints); _clock is the last accounting while training
+        self.wall_seconds = {"training": 0.0, "evaluation_during_training": 0.0, "final_evaluation": 0.0}
+        self._clock = None
         if tcfg.resume:
             self._restore(checkpoint.load(run_dir, self.device))
 
@@ -200,7 +203,8 @@ class Trainer:
                 "schedulers": [s.state_dict() for s in self.schedulers],
                 "scaler": self.scaler.state_dict() if self.scaler else None,
                 "rng": checkpoint.rng_state(), "step": self.step, "states": self.states,
-                "model_config": dataclasses.asdict(self.model_cfg), "total_steps": self.total_steps}
+                "model_config": dataclasses.asdict(self.model_cfg), "total_steps": self.total_steps,
+                "wall_seconds": dict(self.wall_seconds)}
 
     def _restore(self, ckpt: dict):
         if ckpt["model_config"] != dataclasses.asdict(self.model_cfg) or ckpt["total_steps"] != self.total_steps:
@@ -217,8 +221,17 @@ class Trainer:
             self.scaler.load_state_dict(ckpt["scaler"])
         checkpoint.set_rng_state(ckpt["rng"])
         self.step, self.states = ckpt["step"], ckpt["states"]
+        self.wall_seconds.update(ckpt.get("wall_seconds", {}))
+
+    def _account_wall(self, kind: str) -> None:
+        """Add the wall time since the last accounting to `kind`; nothing while not training."""
+        now = time.perf_counter()
+        if self._clock is not None:
+            self.wall_seconds[kind] += now - self._clock
+        self._clock = now
 
     def save(self):
+        self._account_wall("training")  # the checkpoint holds the time spent until now
         if self.ddp.world_size > 1:
             checkpoint.save_rank_states(self.run_dir, self.ddp.rank, self.step, self.states)
             dist.barrier()  # the main checkpoint only once every process has its states on disk
@@ -270,6 +283,7 @@ class Trainer:
         prefetch = ThreadPoolExecutor(1)  # batches depend only on the step, so the next one loads meanwhile
         future = prefetch.submit(self.batches, self.step)
         t_last, step_last = time.perf_counter(), self.step
+        self._clock = t_last
         try:
             while self.step < last:
                 x, y = future.result()
@@ -294,12 +308,14 @@ class Trainer:
                     bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}",
                                     **({"mfu": f"{row['mfu']:.1%}"} if "mfu" in row else {}))
                 if self.step % eval_every == 0 and self.step < total:
+                    self._account_wall("training")
                     result = self.evaluator.fast(self.model, self.dataset.books(self.eval_split)).as_dict()
                     log.write({"event": "eval", **self.position(self.step), "split": self.eval_split,
                                "mode": "fast", **result})
                     bar.write(f"step {self.step}: {self.eval_split} normalised perplexity "
                               f"{result['normalised_perplexity']:.4f}")
                     t_last, step_last = time.perf_counter(), self.step  # throughput counts training time only
+                    self._account_wall("evaluation_during_training")
                 if self.step % ckpt_every == 0 or self.step == last:
                     self.save()
         except KeyboardInterrupt:
@@ -309,8 +325,11 @@ class Trainer:
         finally:
             prefetch.shutdown(wait=True)
             bar.close()
+            self._account_wall("training")
+            self._clock = None
 
     def final_evaluation(self, log) -> dict:
+        start = time.perf_counter()
         results = {"fast": {}, "slow": {}}
         memory_stats = {}
         for split in [s for s in self.dataset.splits if s != "train"]:
@@ -327,6 +346,7 @@ class Trainer:
             if self.ddp.main:
                 print(f"  {split:>12}: fast {r['fast']['normalised_perplexity']:.4f}  "
                       f"slow {r['slow']['normalised_perplexity']:.4f}  (normalised perplexity)")
+        self.wall_seconds["final_evaluation"] = time.perf_counter() - start
         return {"eval": results, **({"memory_stats": memory_stats} if memory_stats else {})}
 
     def results(self, evals: dict, compute_class: str | None) -> dict:
@@ -343,7 +363,9 @@ class Trainer:
             "parameters": sum(p.numel() for p in self.model.parameters()),
             "flops_per_forward": fwd,
             "total_flops": flops.train_flops_per_token(fwd, self.seq_len) * pos["tokens"] if fwd else None,
-            "dataset": str(self.dataset.dir), "precision": self.precision,
+            "dataset": str(self.dataset.dir.resolve()), "dataset_name": self.dataset.name,
+            "dataset_fingerprint": self.dataset.fingerprint, "precision": self.precision,
+            "wall_seconds": {**self.wall_seconds, "total": sum(self.wall_seconds.values())},
             "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             **evals, **self.extra_results,
         }

@@ -1,6 +1,9 @@
-"""The trainer end to end on CPU: exact resume, non-finite loss, bad input, data parallel = accumulation."""
+"""The trainer end to end on CPU: exact resume, non-finite loss, bad input, data discovery, run records,
+data parallel = accumulation."""
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -8,6 +11,7 @@ import pytest
 import torch
 
 from languini.books import BooksDataset
+from languini import experiment
 from languini.experiment import REPO_ROOT, main
 from languini.trainer import TrainConfig, Trainer, lr_factor
 from projects.gpt import configs
@@ -49,6 +53,7 @@ def test_killed_and_resumed_run_has_the_losses_of_an_uninterrupted_one(default_c
     whole = main("gpt", configs, model_cls, args + ["--out_dir", str(tmp_path / "a")])
     assert main("gpt", configs, model_cls, args + ["--out_dir", str(tmp_path / "b"), "--stop_at_step", "5"]) is None
     run_b = tmp_path / "b" / "r"
+    first_job = torch.load(run_b / "checkpoint.pt", weights_only=False)["wall_seconds"]
     with (run_b / "log.jsonl").open("a") as f:  # a row the killed run wrote after its last checkpoint
         f.write(json.dumps({"event": "train", "step": 7, "loss": 0.0}) + "\n")
     resumed = main("gpt", configs, model_cls, args + ["--out_dir", str(tmp_path / "b"), "--resume", "true"])
@@ -61,6 +66,11 @@ def test_killed_and_resumed_run_has_the_losses_of_an_uninterrupted_one(default_c
     results = json.loads((run_b / "results.json").read_text())
     assert results["steps"] == 8 and results["tokens_seen"] == 8 * 4 * 32
     assert set(results["eval"]["slow"]) == {"valid", "test", "ood_series"}
+    wall = results["wall_seconds"]  # both jobs of the run, evaluations apart
+    assert wall["training"] > first_job["training"] > 0 and wall["evaluation_during_training"] > 0
+    assert wall["final_evaluation"] > 0
+    assert wall["total"] == pytest.approx(wall["training"] + wall["evaluation_during_training"]
+                                          + wall["final_evaluation"])
 
 
 def test_sparse_group_updates_only_rows_read(default_corpus_root, tmp_path):
@@ -110,16 +120,30 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(default_corpus
     (["--compute_class", "1h", "--reference_hardware", "RTX 3090"], "measure_throughput.py gpt cpu --sweep"),
     (["--compute_class", "6 hours"], "not understood"),
     (["--max_steps", "1", "--batch_size", "5", "--micro_batches", "2"], "not divisible into 2 micro-batches"),
+    (["--max_steps", "1", "--batch_size", "0"], "--batch_size must be at least 1, got 0"),
+    (["--max_steps", "1", "--seq_len", "0"], "--seq_len must be at least 1, got 0"),
+    (["--max_steps", "1", "--eval_max_batches", "0"], "--eval_max_batches must be at least 1"),
+    (["--max_steps", "1", "--lr", "-1"], "--lr must be positive"),
+    (["--max_steps", "1", "--batch_size", "81"], "Only 80 books for 81 streams"),  # the default corpus has 80
+    (["--max_steps", "5", "--compute_class", "1m"], "two budgets; give one.*--stop_at_step"),
 ])
 def test_bad_input_gives_one_clear_error(default_corpus_root, tmp_path, extra, message):
     args = TINY + ["--data_root", str(default_corpus_root), "--out_dir", str(tmp_path)] + extra
     with pytest.raises(SystemExit, match=message):
         main("gpt", configs, Model, args)
+    assert list(tmp_path.iterdir()) == []  # no empty run folder left behind
 
 
-def test_boolean_flags_are_explicit(default_corpus_root):
-    with pytest.raises(SystemExit):  # argparse: "expected true or false"
-        main("gpt", configs, Model, TINY + ["--compile"])
+def test_bare_boolean_flag_means_true_and_bad_values_say_how(default_corpus_root, tmp_path, capsys):
+    args = TINY + ["--data_root", str(default_corpus_root), "--out_dir", str(tmp_path), "--compute_class", "1m",
+                   "--tokens_per_second", "1e4"]
+    assert main("gpt", configs, Model, args + ["--dry_run"]) is None  # a bare --dry_run plans and trains nothing
+    assert "steps" in capsys.readouterr().out and list(tmp_path.iterdir()) == []
+    with pytest.raises(SystemExit):
+        main("gpt", configs, Model, args + ["--dry_run", "maybe"])
+    err = capsys.readouterr().err
+    assert "expected true or false, got 'maybe'" in err
+    assert len(err.splitlines()) <= 3  # not a usage dump of every flag
 
 
 def test_existing_run_is_not_overwritten(default_corpus_root, tmp_path):
@@ -135,6 +159,63 @@ def test_dry_run_prints_the_paper_plan(default_corpus_root, capsys):
                                          "--data_root", str(default_corpus_root), "--vocab_size", "2048"]) is None
     out = capsys.readouterr().out
     assert "18,265" in out and "55,416 tokens/s" in out  # Table 5/6: GPT small, 6h, batch 128
+
+
+def integrity_fingerprint(dataset_dir):
+    """The fingerprint by hand: sha256 over the file-list hashes prepare_books wrote to integrity.json."""
+    lists = json.loads((dataset_dir / "integrity.json").read_text())["file_lists"]
+    return hashlib.sha256("".join(f"{n} {h}\n" for n, h in sorted(lists.items())).encode()).hexdigest()[:12]
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    """An empty data/ standing in for the repository's; the working directory is its parent."""
+    data = tmp_path / "data"
+    data.mkdir()
+    monkeypatch.setattr(experiment, "DEFAULT_DATA", data)
+    monkeypatch.chdir(tmp_path)
+    return data
+
+
+def test_prepared_dataset_is_found_without_flags_and_its_vocab_used(default_corpus_root, data_dir, tmp_path, capsys):
+    (data_dir / "books_2048").symlink_to(default_corpus_root / "books_2048")
+    # the small config's vocab is 16384: it follows the one dataset in data/
+    args = ["--config", "small"] + TINY[2:] + ["--max_steps", "2", "--out_dir", str(tmp_path / "runs")]
+    results = main("gpt", configs, Model, args)
+    out = capsys.readouterr().out
+    fingerprint = integrity_fingerprint(default_corpus_root / "books_2048")
+    assert f"Dataset books_2048: {(default_corpus_root / 'books_2048').resolve()} (fingerprint {fingerprint}); " \
+           "the model's vocab set to its 2048" in out
+    assert "default corpus" not in out
+    assert results["model_config"]["vocab_size"] == 2048
+    assert results["dataset"] == str((default_corpus_root / "books_2048").resolve())
+    assert (results["dataset_name"], results["dataset_fingerprint"]) == ("books_2048", fingerprint)
+    [run] = (tmp_path / "runs").iterdir()
+    assert run.name == f"gpt_small_books_2048-{fingerprint[:8]}_2steps_bs4_seed0"
+    tokenizer = default_corpus_root / "books_2048" / "tokenizer.model"
+    assert results["tokenizer"] == str(tokenizer.resolve())
+    assert results["tokenizer_fingerprint"] == hashlib.sha256(tokenizer.read_bytes()).hexdigest()[:12]
+    if shutil.which("git") and (REPO_ROOT / ".git").exists():
+        head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+        assert results["git"]["commit"] == head.stdout.strip() and results["git"]["dirty"] in (True, False)
+    assert json.loads((run / "results.json").read_text()) == results
+
+
+def test_several_prepared_datasets_need_a_vocab(default_corpus_root, data_dir):
+    (data_dir / "books_2048").symlink_to(default_corpus_root / "books_2048")
+    (data_dir / "books_4096").mkdir()
+    args = ["--config", "small"] + TINY[2:] + ["--compute_class", "1m", "--tokens_per_second", "1e4", "--dry_run"]
+    with pytest.raises(SystemExit, match="several datasets .*books_2048, books_4096.* --vocab_size"):
+        main("gpt", configs, Model, args)
+    assert main("gpt", configs, Model, args + ["--vocab_size", "2048"]) is None
+
+
+def test_default_corpus_only_without_a_prepared_dataset(default_corpus_root, data_dir, capsys):
+    (data_dir / "default_corpus").symlink_to(default_corpus_root)  # built already: ensure() only opens it
+    assert main("gpt", configs, Model, TINY + ["--compute_class", "1m", "--tokens_per_second", "1e4", "--dry_run"]) is None
+    out = capsys.readouterr().out
+    assert "No dataset given (--data_root) or prepared in" in out and "embedded default corpus" in out
+    assert f"(fingerprint {integrity_fingerprint(default_corpus_root / 'books_2048')})" in out
 
 
 def run_script(project, args, processes=1):
