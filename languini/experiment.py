@@ -120,6 +120,8 @@ def git_state(repo: Path = REPO_ROOT) -> dict:
         return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True,
                               timeout=30).stdout.strip()
     try:
+        if Path(git("rev-parse", "--show-toplevel")).resolve() != repo.resolve():
+            return {"commit": None, "dirty": None}  # an installed copy inside some other checkout
         # untracked files count as changes (a new project not yet committed); ignored ones (runs/, data/) do not
         return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
     except (OSError, subprocess.SubprocessError):
