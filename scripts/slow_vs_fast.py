@@ -96,11 +96,14 @@ def main(argv=None) -> tuple[torch.Tensor, torch.Tensor]:
     parser.add_argument("run", help="a run folder with results.json and checkpoint.pt")
     parser.add_argument("--split", default="valid")
     parser.add_argument("--max_tokens", type=int, default=None, help="only the first N tokens of the split")
+    parser.add_argument("--batch_size", type=int, default=16,
+                        help="windows per forward pass; a model whose output does not depend on its batch prints "
+                             "the same table for any")
     args = parser.parse_args(argv)
     model, cfg, dataset = load_run(Path(args.run))
     stream = Stream(dataset.books(args.split), cfg.vocab_size, repeat=False)
     tokens = torch.from_numpy(stream.read(0, min(stream.length, args.max_tokens or stream.length)))
-    fast, slow = compare(model, tokens, cfg.seq_len)
+    fast, slow = compare(model, tokens, cfg.seq_len, args.batch_size)
     print(f"{args.run}, split {args.split}:")
     print(report(fast, slow, cfg.seq_len))
     return fast, slow
