@@ -136,9 +136,12 @@ def load_points(runs: list[Path], mode: str, split: str, with_max_steps: bool = 
     for run in runs:
         results = json.loads((run / "results.json").read_text())
         evaluation = (results.get("eval") or {}).get(mode, {}).get(split)
-        if evaluation is None or results.get("accelerator_seconds") is None:
+        if evaluation is None:
             available = {m: sorted(s) for m, s in (results.get("eval") or {}).items()}
-            skipped.append(f"{run}: no {mode} eval on {split!r} or no accelerator_seconds (has {available})")
+            skipped.append(f"{run}: no {mode} eval on {split!r} (has {available})")
+            continue
+        if results.get("accelerator_seconds") is None:
+            skipped.append(f"{run}: no accelerator_seconds (trained without a reference throughput)")
             continue
         if results.get("compute_class") is None and not with_max_steps:
             skipped.append(f"{run}: trained for --max_steps, not a compute class (--with_max_steps true fits it)")
@@ -177,7 +180,7 @@ def describe_groups(groups: list[list[Point]]) -> str:
              f"{', '.join(differ)}:"]
     for number, group in enumerate(groups, start=1):
         parts = "; ".join(f"{part} {label}" for part, label in zip(COMPARED, group[0].labels))
-        lines.append(f"  group {number} ({len(group)} runs): {parts}")
+        lines.append(f"  group {number} ({len(group)} run{'s' if len(group) > 1 else ''}): {parts}")
         lines.append(f"      {', '.join(p.run for p in group)}")
     lines.append("Fit one group with --group N, or pass only its run folders.")
     return "\n".join(lines)

@@ -147,16 +147,16 @@ def test_runs_that_cannot_be_compared_are_not_fitted_together(scale_plot, tmp_pa
     write_run(tmp_path, "gpt_6h", "gpt", "6h", 6, 1e18, 2.26, **BOOKS, eval=slow_test_eval(2.26))
     write_run(tmp_path, "gpt_12h", "gpt", "12h", 12, 2e18, 2.20, **BOOKS, eval=slow_test_eval(2.20))
     # the same GPU under torch's name: comparable
-    write_run(tmp_path, "gpt_24h", "gpt", "24h", 24, 4e18, 2.15, **{**BOOKS, "reference_hardware": "NVIDIA GeForce RTX 3090"},
-              eval=slow_test_eval(2.15))
+    write_run(tmp_path, "gpt_24h", "gpt", "24h", 24, 4e18, 2.15,
+              **{**BOOKS, "reference_hardware": "NVIDIA GeForce RTX 3090"}, eval=slow_test_eval(2.15))
     shutil.copytree(tmp_path / "gpt_12h", tmp_path / "gpt_12h copy")  # a copied run counts once
     write_run(tmp_path, "gpt_debug", "gpt", None, 0.01, 1e15, 4.0, **BOOKS, eval=slow_test_eval(4.0))  # --max_steps
     write_run(tmp_path, "gpt_6h_default_corpus", "gpt", "6h", 6, 1e18, 1.9,
               **{**BOOKS, "dataset_name": "default_corpus_books_2048", "dataset_fingerprint": "ffff00001111",
                  "model_config": {"vocab_size": 2048}, "tokenizer_fingerprint": "999999999999"},
               eval=slow_test_eval(1.9))
-    write_run(tmp_path, "gpt_48h_capped", "gpt", "48h", 48, 8e18, 2.9, **{**BOOKS, "train_config": {"slow_eval_max_windows": 8}},
-              eval=slow_test_eval(2.9, scored_tokens=1408))
+    write_run(tmp_path, "gpt_48h_capped", "gpt", "48h", 48, 8e18, 2.9,
+              **{**BOOKS, "train_config": {"slow_eval_max_windows": 8}}, eval=slow_test_eval(2.9, scored_tokens=1408))
     out = str(tmp_path / "s.png")
     with pytest.raises(SystemExit) as refused:
         scale_plot.main([str(tmp_path), "--out", out])

@@ -212,7 +212,8 @@ def test_several_prepared_datasets_need_a_vocab(default_corpus_root, data_dir):
 
 def test_default_corpus_only_without_a_prepared_dataset(default_corpus_root, data_dir, capsys):
     (data_dir / "default_corpus").symlink_to(default_corpus_root)  # built already: ensure() only opens it
-    assert main("gpt", configs, Model, TINY + ["--compute_class", "1m", "--tokens_per_second", "1e4", "--dry_run"]) is None
+    args = TINY + ["--compute_class", "1m", "--tokens_per_second", "1e4", "--dry_run"]
+    assert main("gpt", configs, Model, args) is None
     out = capsys.readouterr().out
     assert "No dataset given (--data_root) or prepared in" in out and "embedded default corpus" in out
     assert f"(fingerprint {integrity_fingerprint(default_corpus_root / 'books_2048')})" in out
