@@ -33,7 +33,7 @@ def hand_made_run(run_dir, project, model, cfg, dataset_dir):
 
 
 def test_losses_add_up_to_the_evaluators_and_full_context_targets_agree(script, default_corpus_root, tmp_path,
-                                                                          capsys):
+                                                                          single_thread, capsys):
     torch.manual_seed(0)
     cfg = gpt_configs.get("cpu", d_model=32, n_layers=1, n_heads=2, d_head=16, seq_len=32)
     model = GPT(cfg).eval()
@@ -43,9 +43,10 @@ def test_losses_add_up_to_the_evaluators_and_full_context_targets_agree(script, 
 
     # the evaluator's own windows: one stream side by side (the fast eval at batch 1), and the slow eval
     books = BooksDataset(default_corpus_root, 2048).books("test")
-    evaluator = Evaluator(torch.ones(2048), 2048, cfg.seq_len, torch.device("cpu"), batch_size=1, max_batches=None)
-    side_by_side = evaluator.fast(model, books)
-    sliding = evaluator.slow(model, books, stateful=False)
+    def evaluator(batch_size):  # batch 1: the fast eval reads the split as one stream
+        return Evaluator(torch.ones(2048), 2048, cfg.seq_len, torch.device("cpu"), batch_size, max_batches=None)
+    side_by_side = evaluator(1).fast(model, books)
+    sliding = evaluator(16).slow(model, books, stateful=False)
     assert side_by_side.tokens == sliding.tokens == len(fast) - 1
     # sums of ~10^4 float32 losses of ~7.6 nats, summed in float64 here and there
     assert fast[1:].sum().item() == pytest.approx(side_by_side.loss_sum, rel=1e-5)
