@@ -121,11 +121,15 @@ def comparability(results: dict, mode: str, split: str) -> tuple[tuple, tuple]:
         hardware_key = (name.model, name.memory_gb)  # "RTX 3090" = "NVIDIA GeForce RTX 3090"
     except ValueError:
         hardware_key = hardware
-    scored = results["eval"][mode][split].get("scored_tokens")
+    row = results["eval"][mode][split]
+    scored = row.get("scored_tokens")
     caps = evaluation_caps(results.get("train_config"), mode)
-    evaluation_label = f"{mode} eval on {split}, {scored:,} tokens scored ({caps})" if scored is not None \
-        else f"{mode} eval on {split} ({caps})"
-    return ((dataset_key, (vocab, tokenizer), hardware_key, (mode, split, scored)),
+    # slow rows that name their protocol (how windows move, which targets they score) are keyed by it too
+    protocol = tuple(row.get(k) for k in ("protocol", "window", "last_n"))
+    protocol_label = f", protocol {protocol[0]} (window {protocol[1]}, last {protocol[2]})" if protocol[0] else ""
+    evaluation_label = (f"{mode} eval on {split}" + (f", {scored:,} tokens scored" if scored is not None else "")
+                        + f"{protocol_label} ({caps})")
+    return ((dataset_key, (vocab, tokenizer), hardware_key, (mode, split, scored, protocol)),
             (dataset_label, tokenizer_label, hardware, evaluation_label))
 
 

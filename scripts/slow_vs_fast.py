@@ -42,51 +42,58 @@ def load_run(run_dir: Path):
 
 
 @torch.no_grad()
-def target_losses(model, tokens: torch.Tensor, windows: list[tuple[int, int]], batch_size: int) -> torch.Tensor:
-    """Loss of every target t (1..len-1) in nats, each scored in the window (start, first target) that scores it:
-    inputs tokens[start:end], where end is the next window's first target (or the stream's end)."""
+def target_losses(model, tokens: torch.Tensor, windows: list[tuple[int, int, int]], batch_size: int) -> torch.Tensor:
+    """Loss in nats of every target position scored by a window (first input position, first and last target
+    position scored), the format of books.sliding_windows' plan; NaN where no window scores a target."""
     losses = torch.full((len(tokens),), float("nan"), dtype=torch.float64)
-    spans = [(start, first, windows[i + 1][1] if i + 1 < len(windows) else len(tokens))
-             for i, (start, first) in enumerate(windows)]
-    for i in range(0, len(spans), batch_size):
-        group = spans[i:i + batch_size]
-        width = max(first_end - start for start, _, first_end in group) - 1
+    for i in range(0, len(windows), batch_size):
+        group = windows[i:i + batch_size]
+        width = max(last - start for start, _, last in group)
         x = torch.zeros(len(group), width, dtype=torch.long)
         y = torch.zeros(len(group), width, dtype=torch.long)
-        for row, (start, _, end) in enumerate(group):
-            x[row, :end - start - 1] = tokens[start:end - 1]
-            y[row, :end - start - 1] = tokens[start + 1:end]
+        for row, (start, _, last) in enumerate(group):
+            x[row, :last - start] = tokens[start:last]
+            y[row, :last - start] = tokens[start + 1:last + 1]
         logits, state = model(x, None)
         if state is not None:
             raise SystemExit("a stateful model: its slow evaluation carries the state, not windows")
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none").view_as(y).double()
-        for row, (start, first, end) in enumerate(group):
-            losses[first:end] = loss[row, first - start - 1:end - start - 1]
+        for row, (start, first, last) in enumerate(group):
+            losses[first:last + 1] = loss[row, first - start - 1:last - start]
     return losses
+
+
+def slow_windows(n: int, seq_len: int, stride: int) -> list[tuple[int, int, int]]:
+    """The slow evaluation's windows over n tokens, as books.sliding_windows moves them: the first scores all
+    its targets, every later one, moved by stride, its last stride targets; the last ends on the last target."""
+    windows, end = [(0, 1, min(seq_len, n - 1))], min(seq_len, n - 1)
+    while end < n - 1:
+        new_end = min(end + stride, n - 1)
+        windows.append((max(new_end - seq_len, 0), end + 1, new_end))
+        end = new_end
+    return windows
 
 
 def compare(model, tokens: torch.Tensor, seq_len: int, batch_size: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-target losses (index = target position in the stream) in side-by-side and in slow-eval windows."""
     n = len(tokens)
-    side_by_side = [(s, s + 1) for s in range(0, n - 1, seq_len)]
-    stride = max(seq_len // 4, 1)
-    ends = [min(seq_len, n - 1)]  # the last target of each slow window, as in books.sliding_windows
-    while ends[-1] < n - 1:
-        ends.append(min(ends[-1] + stride, n - 1))
-    slow = [(max(end - seq_len, 0), 1 if k == 0 else ends[k - 1] + 1) for k, end in enumerate(ends)]
+    side_by_side = [(s, s + 1, min(s + seq_len, n - 1)) for s in range(0, n - 1, seq_len)]
+    slow = slow_windows(n, seq_len, max(seq_len // 4, 1))
     return target_losses(model, tokens, side_by_side, batch_size), target_losses(model, tokens, slow, batch_size)
 
 
 def report(fast: torch.Tensor, slow: torch.Tensor, seq_len: int) -> str:
-    targets = torch.arange(1, len(fast))
+    """Mean losses over the targets both score, and their difference by side-by-side context."""
+    targets = torch.arange(len(fast))
+    both = ~(fast.isnan() | slow.isnan())
     context = (targets - 1) % seq_len  # tokens before the target in its side-by-side window
-    difference = slow[1:] - fast[1:]
-    lines = [f"{len(targets):,} targets; mean loss (nats/token): side by side {fast[1:].mean():.4f}, "
-             f"slow eval's windows {slow[1:].mean():.4f} (slow - side by side {difference.mean():+.4f})",
+    difference = slow - fast
+    lines = [f"{int(both.sum()):,} targets; mean loss (nats/token): side by side {fast[both].mean():.4f}, "
+             f"slow eval's windows {slow[both].mean():.4f} (slow - side by side {difference[both].mean():+.4f})",
              "context in side-by-side windows  targets  slow - side by side (nats/token)"]
     width = seq_len // BUCKETS
     for low in range(0, seq_len, width):
-        chosen = (context >= low) & (context < low + width)
+        chosen = both & (context >= low) & (context < low + width)
         lines.append(f"{low:>13}-{low + width - 1:<17} {int(chosen.sum()):>7}  {difference[chosen].mean():+.4f}")
     return "\n".join(lines)
 

@@ -208,3 +208,13 @@ def test_x_ticks_are_readable_hours(scale_plot, low, high, expected):
     labels = [t.get_text() for t in axis.get_xticklabels() if start <= t.get_position()[0] <= end]
     assert labels == expected
     scale_plot.plt.close(figure)
+
+
+def test_slow_eval_protocols_are_not_fitted_together(scale_plot, tmp_path):
+    # the same text scored (same count) under two protocols: windows moved by 128 or by 64
+    for name, hours, last_n in (("a", 6, 128), ("b", 12, 128), ("c", 24, 64)):
+        evaluation = slow_test_eval(2.0)
+        evaluation["slow"]["test"].update(protocol="last_n", window=512, last_n=last_n)
+        write_run(tmp_path, name, "gpt", f"{hours}h", hours, 1e18, 2.0, **BOOKS, eval=evaluation)
+    with pytest.raises(SystemExit, match="differ in evaluation:(.|\n)*protocol last_n \\(window 512, last 64\\)"):
+        scale_plot.main([str(tmp_path), "--out", str(tmp_path / "s.png")])
