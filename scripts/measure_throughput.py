@@ -1,13 +1,22 @@
-"""Measure a model config's training throughput and append it to the project's registry.
+"""Measure a model's training throughput: a registry row for compute classes.
 
-    python scripts/measure_throughput.py gpt small --sweep          # best over batch sizes
-    python scripts/measure_throughput.py gpt small --batch_size 32  # one batch size
+    python scripts/measure_throughput.py gpt small --sweep                  # best over batch sizes
+    python scripts/measure_throughput.py gpt small --batch_size 32          # one batch size
+    python scripts/measure_throughput.py gpt cpu --vocab_size 16384 --sweep --registry projects/gpt/throughput.csv
+    python scripts/measure_throughput.py lram_gpt small --sweep --derive "RTX 3090" --baseline gpt:small
 
-Times full training steps of an untrained model on random tokens (forward, backward,
-Adam step, mixed precision), reports the median tokens/s after warm-up and the peak
-memory, prints forward FLOPs at batch 1 and MFU, and appends a `measured` row to
-projects/<project>/throughput.csv (or --registry). One accelerator only, as in the
-Languini paper; on CPU it works for tiny configs and labels the row `cpu`.
+Takes the model flags of the project's train.py (each overrides that field of the named config), so the
+row is of the model a run trains; the row records the model's fingerprint and those flags. Times full
+training steps of an untrained model on random tokens (forward, backward, Adam step, mixed precision),
+reports the median tokens/s after warm-up and the peak memory, prints forward FLOPs at batch 1 and MFU.
+With --registry the `measured` row is appended to that CSV (projects/<project>/throughput.csv is the one
+training reads); without it the row is printed, to be added by hand once checked.
+
+--derive HARDWARE --baseline PROJECT:CONFIG gives a row for hardware one does not have: it measures the
+baseline too, in the same run on the same device, and derives this model's row on HARDWARE as the
+baseline's published row there times the ratio of the two measured throughputs (source `derived`, the
+note names its sources). One accelerator only, as in the Languini paper; on CPU it works for tiny
+configs and labels the row `cpu`.
 """
 
 import argparse
@@ -26,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from languini import flops, throughput
-from languini.flags import parse_bool
+from languini.flags import add_dataclass_flags, overrides, parse_bool
 from languini.trainer import build_optimizers, detach, precision_for, step_optimizers
 
 MIN_TIMED_STEPS = 10
@@ -41,24 +50,29 @@ class Measurement:
     peak_memory_gib: float | None  # None on CPU or out of memory
 
 
-def load_project(project: str, config: str, seq_len: int | None = None):
-    """The project's Model class and the named config (with seq_len replaced if given)."""
-    modules = []
-    for name in ("configs", "model"):
-        module_name = f"projects.{project}.{name}"
-        try:
-            modules.append(importlib.import_module(module_name))
-        except ModuleNotFoundError as error:
-            if error.name not in (module_name, f"projects.{project}"):
-                raise
-            raise SystemExit(f"no module {module_name}: is {project!r} a project under projects/?") from error
-    configs, model_module = modules
+def load_configs(project: str):
+    """projects/<project>/configs.py, or SystemExit naming what is missing."""
+    return _import(project, "configs")
+
+
+def _import(project: str, name: str):
+    module_name = f"projects.{project}.{name}"
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name not in (module_name, f"projects.{project}"):
+            raise
+        raise SystemExit(f"no module {module_name}: is {project!r} a project under projects/?") from error
+
+
+def load_project(project: str, config: str, model_overrides: dict | None = None):
+    """The project's Model class, the model config (the named one with `model_overrides`) and its ModelSpec."""
+    configs = load_configs(project)
+    model_module = _import(project, "model")
     if config not in configs.SIZES:
         raise SystemExit(f"{project} has no config {config!r}; choose one of {sorted(configs.SIZES)}")
-    model_config = configs.SIZES[config]
-    if seq_len is not None:
-        model_config = dataclasses.replace(model_config, seq_len=seq_len)
-    return model_module.Model, model_config
+    model_config = dataclasses.replace(configs.SIZES[config], **(model_overrides or {}))
+    return model_module.Model, model_config, throughput.model_spec(project, config, model_config)
 
 
 def measure_batch_size(
@@ -166,23 +180,42 @@ def format_measurement(m: Measurement) -> str:
     return f"{m.batch_size:>10}  {m.tokens_per_second:>12,.0f}  {m.step_seconds * 1000:>9.1f}  {memory:>9}"
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("project", help="package name under projects/, e.g. gpt")
-    parser.add_argument("config", help="a name in the project's configs.SIZES, e.g. small")
-    batch = parser.add_mutually_exclusive_group(required=True)
+def build_parser(configs=None, first_pass: bool = False) -> argparse.ArgumentParser:
+    """The script's flags and, given a project's configs module, its model flags as train.py has them.
+
+    The first pass only finds the project (whose model flags are not known yet).
+    """
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     add_help=not first_pass)
+    optional = {"nargs": "?"} if first_pass else {}
+    parser.add_argument("project", help="package name under projects/, e.g. gpt", **optional)
+    parser.add_argument("config", help="a name in the project's configs.SIZES, e.g. small", **optional)
+    batch = parser.add_mutually_exclusive_group(required=not first_pass)
     batch.add_argument("--batch_size", type=int, help="measure this batch size only")
     batch.add_argument("--sweep", action="store_true", help="grow the batch until out of memory and keep the best")
-    parser.add_argument("--registry", help="registry CSV to append to (default: projects/<project>/throughput.csv)")
+    parser.add_argument("--registry", help="registry CSV to append the row to (training reads "
+                                           "projects/<project>/throughput.csv); without it the row is printed")
     parser.add_argument("--steps", type=int, default=20, help=f"timed steps, at least {MIN_TIMED_STEPS} (default 20)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps before timing (default 5)")
-    parser.add_argument("--seq_len", type=int, help="override the config's sequence length")
     parser.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
                         help="auto: bf16 autocast where supported, fp16 + loss scaling on older GPUs, fp32 on CPU")
     parser.add_argument("--compile", type=parse_bool, default=False, help="time the torch.compile'd model (true/false)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--max_batch_size", type=int, default=4096, help="largest batch size the sweep tries")
-    parser.add_argument("--save", type=parse_bool, default=True, help="append the result to the registry (true/false)")
+    parser.add_argument("--derive", metavar="HARDWARE",
+                        help="also derive a row for this reference hardware by ratio to --baseline (e.g. 'RTX 3090')")
+    parser.add_argument("--baseline", metavar="PROJECT:CONFIG",
+                        help="with --derive: an unmodified config with a row on that hardware, e.g. gpt:small")
+    if configs is not None:
+        add_dataclass_flags(parser, configs.ModelConfig, "model (each overrides that field of the config, as in "
+                            "the project's train.py)", show_defaults=False)
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    # The model flags depend on the project, so the project is read first.
+    known, _ = build_parser(first_pass=True).parse_known_args(argv)
+    parser = build_parser(load_configs(known.project) if known.project else None)
     args = parser.parse_args(argv)
     if args.steps < MIN_TIMED_STEPS:
         parser.error(f"--steps must be at least {MIN_TIMED_STEPS} so the median is stable")
@@ -190,6 +223,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--warmup must be at least 1 (the first step allocates and autotunes)")
     if args.batch_size is not None and args.batch_size < 1:
         parser.error("--batch_size must be positive")
+    if (args.derive is None) != (args.baseline is None):
+        parser.error("--derive and --baseline go together: --derive 'RTX 3090' --baseline gpt:small")
+    if args.baseline is not None and args.baseline.count(":") != 1:
+        parser.error(f"--baseline is PROJECT:CONFIG, e.g. gpt:small; got {args.baseline!r}")
     return args
 
 
@@ -214,22 +251,20 @@ def refuse_multiple_gpus(device: torch.device) -> None:
         )
 
 
-def main(argv=None) -> throughput.ThroughputRow:
-    args = parse_args(argv)
-    device = torch.device(args.device)
-    refuse_multiple_gpus(device)
-    try:
-        precision = precision_for(device, args.precision)[2]
-    except ValueError as error:
-        raise SystemExit(str(error)) from error
-    model_class, model_config = load_project(args.project, args.config, args.seq_len)
+def measure_model(project: str, config: str, model_overrides: dict, args: argparse.Namespace,
+                  device: torch.device, precision: str):
+    """Time one model at one batch size or over the sweep; prints its table, FLOPs and MFU.
+
+    Returns its ModelSpec, its sequence length, the best Measurement and how many batch sizes fitted.
+    """
+    model_class, model_config, spec = load_project(project, config, model_overrides)
     torch.manual_seed(0)
     model = model_class(model_config).to(device).train()
     hardware = throughput.local_device_name(device)
     seq_len = model_config.seq_len
     flops_per_forward = flops.forward_flops(model, seq_len, model_config.vocab_size, device)
 
-    print(f"{args.project} {args.config} on {hardware}: seq_len {seq_len}, {precision}, "
+    print(f"{spec} on {hardware}: seq_len {seq_len}, {precision}, "
           f"{'compiled' if args.compile else 'eager'}, torch {torch.__version__}; "
           f"median of {args.steps} steps after {args.warmup} warm-up steps")
     print(f"{'batch size':>10}  {'tokens/s':>12}  {'step ms':>9}  {'peak GiB':>9}")
@@ -257,10 +292,38 @@ def main(argv=None) -> throughput.ThroughputRow:
         value = flops.mfu(flops_per_forward, seq_len, best.tokens_per_second, peak.flops_per_second)
         utilisation = f"MFU {value:.1%} of {peak.flops_per_second / 1e12:g} TFLOP/s ({peak.precision} {peak.source})"
     print(f"forward FLOPs at batch 1: {flops_per_forward:,} ({flops_per_forward / 1e9:.3f} GFLOPs); {utilisation}")
+    return spec, seq_len, best, len(fitted)
 
+
+def baseline_reference(args: argparse.Namespace) -> throughput.ThroughputRow:
+    """The --baseline's row on the --derive hardware; SystemExit when it has none."""
+    project, config = args.baseline.split(":")
+    load_project(project, config)  # a wrong name fails here, before anything is timed
+    try:
+        return throughput.lookup(throughput.registry_path(project), throughput.model_spec(project, config),
+                                 args.derive, args.compile)
+    except (throughput.ThroughputNotFoundError, ValueError) as error:
+        raise SystemExit(f"--baseline {args.baseline} cannot anchor --derive {args.derive!r}: {error}") from error
+
+
+def main(argv=None) -> list[throughput.ThroughputRow]:
+    """Measure, derive if asked, and append the rows to --registry (else print them); returns the rows."""
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    refuse_multiple_gpus(device)
+    try:
+        precision = precision_for(device, args.precision)[2]
+    except ValueError as error:
+        raise SystemExit(str(error)) from error
+    reference = baseline_reference(args) if args.derive else None
+    model_overrides = overrides(args, load_configs(args.project).ModelConfig)
+    spec, seq_len, best, n_fitted = measure_model(args.project, args.config, model_overrides, args, device, precision)
+    hardware = throughput.local_device_name(device)
     row = throughput.ThroughputRow(
         project=args.project,
         config=args.config,
+        model_fingerprint=spec.fingerprint,
+        model_flags=spec.flags,
         hardware=hardware,
         batch_size=best.batch_size,
         seq_len=seq_len,
@@ -271,13 +334,32 @@ def main(argv=None) -> throughput.ThroughputRow:
         torch_version=torch.__version__,
         date=datetime.date.today().isoformat(),
         source="measured",
-        note=run_note(args, len(fitted), argv),
+        note=run_note(args, n_fitted, argv),
     )
-    if args.save:
-        registry = args.registry or throughput.registry_path(args.project)
-        throughput.append_row(registry, row)
-        print(f"appended to {registry}")
-    return row
+    rows = [row]
+    if reference is not None:
+        base_project, base_config = args.baseline.split(":")
+        print()
+        _, _, base, _ = measure_model(base_project, base_config, {}, args, device, precision)
+        ratio = best.tokens_per_second / base.tokens_per_second
+        derived = dataclasses.replace(
+            row, hardware=reference.hardware, tokens_per_second=reference.tokens_per_second * ratio,
+            peak_memory_gib=None, source="derived",
+            note=f"derived: {reference.tokens_per_second:,.0f} tokens/s of {base_project} {base_config} "
+                 f"({reference.source}; {reference.hardware}) x {ratio:.4f} = {best.tokens_per_second:,.0f} / "
+                 f"{base.tokens_per_second:,.0f} tokens/s of this model / {base_project} {base_config}, both "
+                 f"measured in this run on {hardware}; {run_note(args, n_fitted, argv)}")
+        print(f"\nderived for {reference.hardware}: {reference.tokens_per_second:,.0f} x {ratio:.4f} = "
+              f"{derived.tokens_per_second:,.0f} tokens/s (assumes the ratio measured on {hardware} holds there)")
+        rows.append(derived)
+    if args.registry:
+        for new in rows:
+            throughput.append_row(args.registry, new)
+        print(f"appended {len(rows)} row{'s' if len(rows) > 1 else ''} to {args.registry}")
+    else:
+        print(f"\nNot saved (no --registry). Training reads {throughput.display_path(throughput.registry_path(args.project))}; "
+              f"once checked, add to it:\n{throughput.csv_text(rows, header=False)}", end="")
+    return rows
 
 
 if __name__ == "__main__":
