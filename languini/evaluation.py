@@ -14,11 +14,38 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from languini.books import Book, eval_batches, sliding_windows
+from languini.books import Book, distribute, eval_batches, sliding_windows
 
 
 def normalised_perplexity(total_loss: float, total_bytes: int) -> float:
     return math.exp(total_loss / total_bytes)
+
+
+def fast_positions(books: list[Book], batch_size: int, seq_len: int, max_batches: int | None) -> int:
+    """Token positions (padding included) Evaluator.fast feeds the model on one process: for planning."""
+    streams = [sum(books[i].length + 1 for i in stream) for stream in distribute([b.length for b in books], batch_size)
+               if stream]
+    if not streams:
+        return 0
+    n_batches = -(-(max(streams) - 1) // seq_len)
+    if max_batches is not None:
+        n_batches = min(n_batches, max_batches)
+    return n_batches * len(streams) * seq_len
+
+
+def slow_positions(books: list[Book], seq_len: int, max_windows: int | None, stateful: bool) -> int:
+    """Token positions (padding included) Evaluator.slow feeds the model on one process: for planning."""
+    length = sum(b.length + 1 for b in books)  # the split as one stream, end-of-document tokens included
+    if length < 2:
+        return 0
+    if stateful:  # read once in windows of seq_len
+        windows = -(-(length - 1) // seq_len)
+    else:  # the first window ends at min(seq_len, last target), each later one `stride` further
+        last, stride = length - 1, max(seq_len // 4, 1)
+        windows = 1 + -(-(last - min(seq_len, last)) // stride)
+    if max_windows is not None:
+        windows = min(windows, max_windows)
+    return windows * seq_len
 
 
 @dataclass

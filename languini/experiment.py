@@ -9,11 +9,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from languini import compute_class, default_corpus, flops, throughput, tokenizer
+from languini import compute_class, default_corpus, evaluation, flops, throughput, tokenizer
 from languini.books import BooksDataset, DataError
 from languini.flags import add_dataclass_flags, overrides
 from languini.logs import RunLog
-from languini.trainer import Dist, NonFiniteLoss, Trainer, TrainConfig, init_distributed, write_json
+from languini.trainer import (Dist, NonFiniteLoss, Trainer, TrainConfig, eval_every_max_batches, eval_interval,
+                              init_distributed, progress_split, write_json)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO_ROOT / "data"
@@ -63,6 +64,32 @@ def bytes_table(ds: BooksDataset, tcfg: TrainConfig, vocab_size: int) -> torch.T
     return torch.from_numpy(tokenizer.bytes_per_token(sp))
 
 
+@torch.no_grad()
+def is_stateful(model: torch.nn.Module, device: torch.device) -> bool:
+    """Whether the model carries a state from batch to batch (its slow evaluation then reads the split once)."""
+    return model.eval()(torch.zeros((1, 1), dtype=torch.long, device=device))[1] is not None
+
+
+def eval_work(dataset: BooksDataset, tcfg: TrainConfig, seq_len: int, steps: int,
+              stateful: bool) -> compute_class.EvalWork:
+    """The evaluation a run of `steps` steps will do with these eval settings, in token positions."""
+    held_out = [s for s in dataset.splits if s != "train"]
+    final = sum(evaluation.fast_positions(dataset.books(s), tcfg.eval_batch_size, seq_len, tcfg.eval_max_batches)
+                + evaluation.slow_positions(dataset.books(s), seq_len, tcfg.slow_eval_max_windows, stateful)
+                for s in held_out)
+    each = evaluation.fast_positions(dataset.books(progress_split(dataset.splits)), tcfg.eval_batch_size, seq_len,
+                                     eval_every_max_batches(tcfg))
+    return compute_class.EvalWork(each, (steps - 1) // eval_interval(tcfg, steps), final)
+
+
+def row_record(row: throughput.ThroughputRow | None, tokens_per_second: float | None) -> dict | None:
+    """The throughput a run's budget came from, for results.json: the registry row, or the hand-set value."""
+    if row is not None:
+        return dataclasses.asdict(row)
+    return None if tokens_per_second is None else {"source": "--tokens_per_second",
+                                                   "tokens_per_second": tokens_per_second}
+
+
 def main(project: str, configs, model_cls, argv: list[str] | None = None) -> dict | None:
     args = build_parser(project, configs).parse_args(argv)
     try:
@@ -84,7 +111,8 @@ def run(project: str, configs, model_cls, args: argparse.Namespace) -> dict | No
     class_defaults = dict(configs.COMPUTE_CLASSES.get(cc, {})) if cc else {}
     config_name = args.config or class_defaults.pop("config", None)
     class_defaults.pop("config", None)
-    if args.config is None and device.type == "cpu":
+    cpu_default = args.config is None and device.type == "cpu"
+    if cpu_default:
         config_name, class_defaults = CPU_CONFIG, {}
         train_over.setdefault("reference_hardware", "cpu")
         say(f"No GPU: using the CPU-sized config '{CPU_CONFIG}' with reference hardware 'cpu' (pass --config to choose).")
@@ -98,27 +126,38 @@ def run(project: str, configs, model_cls, args: argparse.Namespace) -> dict | No
     bytes_per_token = bytes_table(dataset, tcfg, model_cfg.vocab_size)
 
     local_hw = throughput.local_device_name(device)
-    fwd_flops = None
+    model = throughput.model_spec(project, config_name, model_cfg)
+    fwd_flops = stateful = None
     if ddp.main:
-        fwd_flops = flops.forward_flops(model_cls(model_cfg).to(device), model_cfg.seq_len, model_cfg.vocab_size,
-                                        device)
+        probe = model_cls(model_cfg).to(device)
+        fwd_flops = flops.forward_flops(probe, model_cfg.seq_len, model_cfg.vocab_size, device)
+        stateful = is_stateful(probe, device)
+        del probe
     registry = throughput.registry_path(project)
+    row = None
     if tcfg.max_steps is not None:
         steps = tcfg.max_steps
         tok_s = tcfg.tokens_per_second
         if tok_s is None:
             try:
-                tok_s = throughput.lookup(registry, project, config_name, tcfg.reference_hardware,
-                                          model_cfg.seq_len).tokens_per_second
+                row = throughput.lookup(registry, model, tcfg.reference_hardware, tcfg.compile)
+                tok_s = row.tokens_per_second
             except throughput.ThroughputNotFoundError:
-                tok_s = None  # accelerator time is unknown without a throughput
+                pass  # accelerator time is unknown without a throughput
         say(f"Training {project}/{config_name} for --max_steps {steps} (no compute class).")
     elif tcfg.compute_class is not None:
         plan = compute_class.plan_training(
-            project, config_name, tcfg.compute_class, tcfg.batch_size, model_cfg.seq_len, registry,
-            tcfg.reference_hardware, tcfg.tokens_per_second, fwd_flops, local_hw, ddp.world_size)
+            model, tcfg.compute_class, tcfg.batch_size, model_cfg.seq_len, registry, tcfg.reference_hardware,
+            tcfg.tokens_per_second, fwd_flops, local_hw, ddp.world_size, compiled=tcfg.compile)
+        if ddp.main:
+            plan = dataclasses.replace(plan, evaluation=eval_work(dataset, tcfg, model_cfg.seq_len, plan.steps, stateful))
         say(compute_class.format_plan(plan))
-        steps, tok_s = plan.steps, plan.tokens_per_second
+        if cpu_default and tcfg.compute_class in compute_class.PAPER_COMPUTE_CLASSES:
+            say(f"Note: without a GPU, --compute_class {tcfg.compute_class} means {tcfg.compute_class} of this CPU "
+                f"training the toy config '{CPU_CONFIG}', not the paper's {tcfg.compute_class} class on an RTX 3090. "
+                "For a smoke run of a few minutes use --compute_class 2m; to plan the paper's class, name its "
+                "config (--config small --dry_run true) on the book data it is defined for (vocab 16384).")
+        steps, tok_s, row = plan.steps, plan.tokens_per_second, plan.throughput_row
     else:
         raise ValueError("Give a budget: --compute_class (e.g. 6h, 24h, 15m, 90s) or --max_steps N.")
     if tcfg.dry_run:
@@ -137,7 +176,9 @@ def run(project: str, configs, model_cls, args: argparse.Namespace) -> dict | No
     trainer = Trainer(project=project, config_name=config_name, model_cfg=model_cfg, model_cls=model_cls,
                       tcfg=tcfg, dataset=dataset, bytes_per_token=bytes_per_token, run_dir=run_dir,
                       total_steps=steps, tokens_per_second=tok_s, reference_hardware=tcfg.reference_hardware,
-                      flops_per_forward=fwd_flops, device=device, ddp=ddp)
+                      flops_per_forward=fwd_flops, device=device, ddp=ddp,
+                      extra_results={"model_fingerprint": model.fingerprint, "model_flags": model.flags,
+                                     "throughput_row": row_record(row, tcfg.tokens_per_second)})
     trainer.peak_flops = peak.flops_per_second if peak else None
     config = {"project": project, "config": config_name, "model": dataclasses.asdict(model_cfg),
               "train": dataclasses.asdict(tcfg), "steps": steps}

@@ -42,12 +42,14 @@ class TrainConfig:
     warmup_steps: int = arg(200, "linear warm-up steps, at most a tenth of the run")
     final_lr_fraction: float = arg(0.01, "cosine decay to this fraction of lr (the paper: 100x)")
     grad_clip: float | None = arg(None, "max gradient norm; None disables clipping")
-    eval_every: int | None = arg(None, "steps between evaluations; None: ten per run")
+    eval_every: int | None = arg(None, "steps between evaluations during training; None: ten per run")
     checkpoint_every: int | None = arg(None, "steps between checkpoints; None: at every evaluation")
     stop_at_step: int | None = arg(None, "save and exit after this step (split a run into several jobs)")
     log_every: int = arg(10, "steps between training log rows")
     eval_batch_size: int = arg(16, "streams per evaluation batch")
     eval_max_batches: int | None = arg(500, "fast eval: up to this many batches per split")
+    eval_every_max_batches: int | None = arg(50, "fast eval during training: up to this many batches (at most "
+                                                 "--eval_max_batches; the final evaluation is the full one)")
     slow_eval_max_windows: int | None = arg(None, "slow eval: cap on windows per split (None: the whole split)")
     precision: str = arg("auto", "auto (bf16 if supported, else fp16 with a grad scaler; fp32 on CPU), bf16, fp16, fp32")
     compile: bool = arg(False, "torch.compile the model (true/false)")
@@ -65,6 +67,22 @@ class TrainConfig:
 
 class NonFiniteLoss(RuntimeError):
     pass
+
+
+def eval_interval(tcfg: TrainConfig, total_steps: int) -> int:
+    """Steps between the evaluations during training: --eval_every, or ten per run."""
+    return tcfg.eval_every or max(total_steps // 10, 1)
+
+
+def progress_split(splits: list[str]) -> str:
+    """The split evaluated during training."""
+    return "valid" if "valid" in splits else "test"
+
+
+def eval_every_max_batches(tcfg: TrainConfig) -> int | None:
+    """The batch cap of the evaluations during training: the smaller of the two caps (None: no cap)."""
+    caps = [c for c in (tcfg.eval_every_max_batches, tcfg.eval_max_batches) if c is not None]
+    return min(caps, default=None)
 
 
 def detach(state):
@@ -181,10 +199,13 @@ class Trainer:
         self.batches = TrainBatches(dataset.books("train"), model_cfg.vocab_size, tcfg.batch_size, self.seq_len,
                                     tcfg.micro_batches, self.ddp.rank, self.ddp.world_size)
         self.states = [None] * tcfg.micro_batches
-        self.evaluator = Evaluator(bytes_per_token, model_cfg.vocab_size, self.seq_len, self.device,
-                                   tcfg.eval_batch_size, tcfg.eval_max_batches, tcfg.slow_eval_max_windows,
-                                   self.autocast, self.ddp.rank, self.ddp.world_size)
-        self.eval_split = "valid" if "valid" in dataset.splits else "test"
+        def evaluator(max_batches):
+            return Evaluator(bytes_per_token, model_cfg.vocab_size, self.seq_len, self.device, tcfg.eval_batch_size,
+                             max_batches, tcfg.slow_eval_max_windows, self.autocast, self.ddp.rank, self.ddp.world_size)
+
+        self.evaluator = evaluator(tcfg.eval_max_batches)
+        self.progress_evaluator = evaluator(eval_every_max_batches(tcfg))  # the smaller evaluations during training
+        self.eval_split = progress_split(dataset.splits)
         self.step = 0
         if tcfg.resume:
             self._restore(checkpoint.load(run_dir, self.device))
@@ -262,7 +283,7 @@ class Trainer:
 
     def train(self, log) -> None:
         tcfg, total = self.tcfg, self.total_steps
-        eval_every = tcfg.eval_every or max(total // 10, 1)
+        eval_every = eval_interval(tcfg, total)
         ckpt_every = tcfg.checkpoint_every or eval_every
         last = min(total, tcfg.stop_at_step) if tcfg.stop_at_step else total
         bar = tqdm(total=total, initial=self.step, desc=f"{self.project}/{self.config_name}", unit="step",
@@ -270,6 +291,7 @@ class Trainer:
         prefetch = ThreadPoolExecutor(1)  # batches depend only on the step, so the next one loads meanwhile
         future = prefetch.submit(self.batches, self.step)
         t_last, step_last = time.perf_counter(), self.step
+        train_seconds = 0.0  # wall time of training steps in this process, evaluations and checkpoints apart
         try:
             while self.step < last:
                 x, y = future.result()
@@ -285,23 +307,26 @@ class Trainer:
                 if self.step % tcfg.log_every == 0 or self.step == last:
                     now = time.perf_counter()
                     tok_s = (self.step - step_last) * self.tokens_per_step / (now - t_last)
+                    train_seconds += now - t_last
                     t_last, step_last = now, self.step
                     row = {"event": "train", **self.position(self.step), "loss": loss,
-                           "lr": self.schedulers[0].get_last_lr()[0], "tokens_per_second_local": tok_s}
+                           "lr": self.schedulers[0].get_last_lr()[0], "tokens_per_second_local": tok_s,
+                           "train_wall_seconds": train_seconds}
                     if self.flops_per_forward and getattr(self, "peak_flops", None):
                         row["mfu"] = flops.mfu(self.flops_per_forward, self.seq_len, tok_s, self.peak_flops)
                     log.write(row)
                     bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}",
                                     **({"mfu": f"{row['mfu']:.1%}"} if "mfu" in row else {}))
+                paused = time.perf_counter()
                 if self.step % eval_every == 0 and self.step < total:
-                    result = self.evaluator.fast(self.model, self.dataset.books(self.eval_split)).as_dict()
+                    result = self.progress_evaluator.fast(self.model, self.dataset.books(self.eval_split)).as_dict()
                     log.write({"event": "eval", **self.position(self.step), "split": self.eval_split,
-                               "mode": "fast", **result})
+                               "mode": "fast", **result, "wall_seconds": time.perf_counter() - paused})
                     bar.write(f"step {self.step}: {self.eval_split} normalised perplexity "
                               f"{result['normalised_perplexity']:.4f}")
-                    t_last, step_last = time.perf_counter(), self.step  # throughput counts training time only
                 if self.step % ckpt_every == 0 or self.step == last:
                     self.save()
+                t_last += time.perf_counter() - paused  # throughput and training time leave these pauses out
         except KeyboardInterrupt:
             self.save()  # the state after the last completed step
             bar.write(f"Interrupted: checkpoint of step {self.step} saved; continue with --resume true.")
@@ -317,13 +342,18 @@ class Trainer:
             books = self.dataset.books(split)
             if hasattr(self.model, "reset_memory_stats"):
                 self.model.reset_memory_stats()
+            started = time.perf_counter()
             r = {"fast": self.evaluator.fast(self.model, books).as_dict()}
+            seconds = {"fast": time.perf_counter() - started}
             if hasattr(self.model, "memory_stats"):  # over the fast eval only: one pass over the split
                 memory_stats[split] = self.model.memory_stats()
+            started = time.perf_counter()
             r["slow"] = self.evaluator.slow(self.model, books, stateful=self.stateful).as_dict()
+            seconds["slow"] = time.perf_counter() - started
             for mode in ("fast", "slow"):
                 results[mode][split] = r[mode]
-                log.write({"event": "eval", **self.position(self.step), "split": split, "mode": mode, **r[mode]})
+                log.write({"event": "eval", **self.position(self.step), "split": split, "mode": mode, **r[mode],
+                           "wall_seconds": seconds[mode]})
             if self.ddp.main:
                 print(f"  {split:>12}: fast {r['fast']['normalised_perplexity']:.4f}  "
                       f"slow {r['slow']['normalised_perplexity']:.4f}  (normalised perplexity)")

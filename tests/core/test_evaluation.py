@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from languini.books import END_OF_DOC, BooksDataset
+from languini import evaluation
 from languini.evaluation import Evaluator, normalised_perplexity, scored_loss
 from tests.core.test_books import VOCAB, book, write_official
 
@@ -66,3 +67,46 @@ def test_slow_eval_of_a_stateful_model_carries_its_state(data):
     # is wrong only at a book boundary: (108, EOD), (EOD, 200), (203, EOD), (EOD, 300), (305, EOD): 5 x 60 nats.
     assert result.tokens == 21
     assert result.loss_sum == pytest.approx(4 * math.log(VOCAB) + 5 * 60, rel=1e-4)
+
+
+class CountsPositions(torch.nn.Module):
+    """Uniform; counts the token positions it reads (padding included), optionally carrying a state."""
+
+    def __init__(self, stateful: bool, vocab: int = VOCAB):
+        super().__init__()
+        self.stateful, self.vocab, self.positions = stateful, vocab, 0
+
+    def forward(self, x, state=None):
+        self.positions += x.numel()
+        return torch.zeros(*x.shape, self.vocab), torch.ones(1) if self.stateful else None
+
+
+@pytest.mark.parametrize("max_batches, max_windows, fast, slow, slow_stateful", [
+    # Streams [book 9 tokens] and [book 4, book 6] (10 and 12 tokens with separators): ceil(11 / 4) = 3 batches
+    # of 2 x 4. Slow: one stream of 22 tokens; windows end at 4, 5, ..., 21 (stride 4 // 4 = 1): 18 windows of 4;
+    # a stateful model reads ceil(21 / 4) = 6 windows of 4.
+    (None, None, 3 * 2 * 4, 18 * 4, 6 * 4),
+    (2, 5, 2 * 2 * 4, 5 * 4, 5 * 4),
+])
+def test_planned_positions_by_hand_and_as_evaluated(data, max_batches, max_windows, fast, slow, slow_stateful):
+    books = data.books("test")
+    assert evaluation.fast_positions(books, 2, 4, max_batches) == fast
+    assert evaluation.slow_positions(books, 4, max_windows, stateful=False) == slow
+    assert evaluation.slow_positions(books, 4, max_windows, stateful=True) == slow_stateful
+    # What the evaluator really feeds a model: the plan must count the same work.
+    ev = Evaluator(torch.ones(VOCAB), VOCAB, seq_len=4, device=torch.device("cpu"), batch_size=2,
+                   max_batches=max_batches, slow_max_windows=max_windows)
+    for model, run, expected in ((CountsPositions(False), lambda m: ev.fast(m, books), fast),
+                                 (CountsPositions(False), lambda m: ev.slow(m, books, stateful=False), slow),
+                                 (CountsPositions(True), lambda m: ev.slow(m, books, stateful=True), slow_stateful)):
+        run(model)
+        assert model.positions == expected
+
+
+def test_planned_positions_of_longer_windows_match_the_evaluator(default_corpus_root):
+    # Windows of 128 moved by 32 over a split of the default corpus: a stride that does not divide the split.
+    books = BooksDataset(default_corpus_root, 2048).books("valid")
+    ev = Evaluator(torch.ones(2048), 2048, seq_len=128, device=torch.device("cpu"), batch_size=16)
+    model = CountsPositions(False, vocab=2048)
+    ev.slow(model, books, stateful=False)
+    assert model.positions == evaluation.slow_positions(books, 128, None, stateful=False)

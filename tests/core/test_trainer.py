@@ -1,4 +1,5 @@
 """The trainer end to end on CPU: exact resume, non-finite loss, bad input, data parallel = accumulation."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -7,6 +8,7 @@ import sys
 import pytest
 import torch
 
+from languini import experiment, throughput
 from languini.books import BooksDataset
 from languini.experiment import REPO_ROOT, main
 from languini.trainer import TrainConfig, Trainer, lr_factor
@@ -107,7 +109,9 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(default_corpus
     (["--data_root", "/nonexistent"], "prepare_books.py"),
     (["--vocab_size", "4096"], "books_2048: pass the matching --vocab_size"),
     ([], "--compute_class .* or --max_steps"),
-    (["--compute_class", "1h", "--reference_hardware", "RTX 3090"], "measure_throughput.py gpt cpu --sweep"),
+    # The model flags of TINY change the cpu config: its cpu row is not used, and the command measures TINY.
+    (["--compute_class", "1h", "--reference_hardware", "cpu"],
+     "measure_throughput.py gpt cpu --seq_len 32 --d_model 32 --n_layers 1 --n_heads 2 --d_head 16 --sweep"),
     (["--compute_class", "6 hours"], "not understood"),
     (["--max_steps", "1", "--batch_size", "5", "--micro_batches", "2"], "not divisible into 2 micro-batches"),
 ])
@@ -130,11 +134,48 @@ def test_existing_run_is_not_overwritten(default_corpus_root, tmp_path):
         main("gpt", configs, Model, args)
 
 
-def test_dry_run_prints_the_paper_plan(default_corpus_root, capsys):
+def test_dry_run_prints_the_paper_plan(default_corpus_root, tmp_path, monkeypatch, capsys):
+    # The paper's rows are of its models, vocabulary 16384 included: give the default corpus's books under that name.
+    (tmp_path / "books_16384").symlink_to(default_corpus_root / "books_2048", target_is_directory=True)
+    monkeypatch.setattr(experiment, "bytes_table", lambda ds, tcfg, vocab_size: torch.ones(vocab_size))
     assert main("gpt", configs, Model, ["--config", "small", "--compute_class", "6h", "--dry_run", "true",
-                                         "--data_root", str(default_corpus_root), "--vocab_size", "2048"]) is None
+                                         "--data_root", str(tmp_path), "--vocab_size", "16384"]) is None
     out = capsys.readouterr().out
-    assert "18,265" in out and "55,416 tokens/s" in out  # Table 5/6: GPT small, 6h, batch 128
+    assert "18,265" in out and "55,416 tokens/s (published on RTX 3090)" in out  # Table 5/6: GPT small, 6h, batch 128
+
+
+def test_paper_class_on_a_cpu_says_what_it_means(default_corpus_root, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    main("gpt", configs, Model, ["--compute_class", "24h", "--dry_run", "true", "--data_root", str(default_corpus_root)])
+    out = capsys.readouterr().out
+    assert "--compute_class 24h means 24h of this CPU training the toy config 'cpu'" in out
+    assert "use --compute_class 2m" in out and "--config small" in out
+    main("gpt", configs, Model, ["--compute_class", "2m", "--dry_run", "true", "--data_root", str(default_corpus_root)])
+    assert "toy config" not in capsys.readouterr().out
+
+
+def test_run_records_its_throughput_row_and_evaluation_time(default_corpus_root, tmp_path, monkeypatch):
+    """results.json names the row that set the budget; the log keeps evaluation time apart from training."""
+    registry = tmp_path / "throughput.csv"
+    spec = throughput.model_spec("gpt", "cpu", configs.get("cpu", seq_len=32, d_model=32, n_layers=1, n_heads=2,
+                                                           d_head=16))
+    row = throughput.ThroughputRow("gpt", "cpu", spec.fingerprint, spec.flags, "cpu", 4, 32, 1280.0, None, "fp32",
+                                   False, "2.13.0", "2026-01-02", "measured", "by hand")
+    throughput.append_row(registry, row)
+    monkeypatch.setattr(throughput, "registry_path", lambda project: registry)
+    args = TINY + ["--data_root", str(default_corpus_root), "--compute_class", "1s", "--reference_hardware", "cpu",
+                   "--eval_every", "5", "--eval_every_max_batches", "1", "--out_dir", str(tmp_path), "--run_name", "r"]
+    results = main("gpt", configs, Model, args)
+    assert results["steps"] == 10  # 1 s x 1,280 tokens/s / (4 x 32)
+    assert results["throughput_row"] == dataclasses.asdict(row)
+    assert (results["model_fingerprint"], results["model_flags"]) == (spec.fingerprint, spec.flags)
+    log = [json.loads(line) for line in (tmp_path / "r" / "log.jsonl").read_text().splitlines()]
+    evals = [r for r in log if r["event"] == "eval"]
+    during, final_valid = evals[0], next(r for r in evals[1:] if r["split"] == "valid" and r["mode"] == "fast")
+    assert during["step"] == 5 and during["scored_tokens"] <= 4 * 32 < final_valid["scored_tokens"]  # capped: 1 batch
+    assert all(r["wall_seconds"] > 0 for r in evals)
+    train = [r["train_wall_seconds"] for r in log if r["event"] == "train"]
+    assert train == sorted(train) and train[-1] > 0
 
 
 def run_script(project, args, processes=1):
