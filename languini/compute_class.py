@@ -147,21 +147,27 @@ def plan_training(
     local_devices: int = 1,
     evaluation: EvalWork | None = None,
     compiled: bool = False,
+    row: throughput.ThroughputRow | None = None,
 ) -> TrainingPlan:
-    """Plan a run of `model`: throughput from `tokens_per_second` if given, else from the registry row of
-    that very model (throughput.lookup) on the reference hardware, eager or compiled as the run is.
+    """Plan a run of `model`: throughput from `tokens_per_second` if given, else from `row` (measured for
+    this run on the reference hardware), else from the registry row of that very model (throughput.lookup)
+    on the reference hardware, eager or compiled as the run is.
 
     `registry` defaults to projects/<project>/throughput.csv. Raises
     throughput.ThroughputNotFoundError (naming the measuring command) when no row matches.
     """
     registry = throughput.registry_path(model.project) if registry is None else Path(registry)
-    row = None
-    if tokens_per_second is None:
+    if tokens_per_second is not None:
+        row = None
+    elif row is None:
         row = throughput.lookup(registry, model, reference_hardware, compiled)
+    if row is not None:
         tokens_per_second = row.tokens_per_second
     seconds = compute_class_seconds(compute_class)
     local_row = None
-    if local_hardware is not None:
+    if row is not None and local_hardware is not None and throughput.hardware_matches(row.hardware, local_hardware):
+        local_row = row
+    elif local_hardware is not None:
         try:
             local_row = throughput.lookup(registry, model, local_hardware, compiled)
         except throughput.ThroughputNotFoundError:

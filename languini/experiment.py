@@ -3,22 +3,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from languini import compute_class, default_corpus, evaluation, flops, throughput, tokenizer
+from languini import compute_class, default_corpus, evaluation, flops, measure, throughput, tokenizer
 from languini.books import BooksDataset, DataError
 from languini.flags import add_dataclass_flags, overrides
 from languini.logs import RunLog
 from languini.trainer import (Dist, NonFiniteLoss, Trainer, TrainConfig, eval_every_max_batches, eval_interval,
-                              init_distributed, progress_split, write_json)
+                              init_distributed, precision_for, progress_split, write_json)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO_ROOT / "data"
 CPU_CONFIG = "cpu"
+CPU_MEASURE_STEPS, CPU_MEASURE_WARMUP = 10, 2  # timing a model on this CPU when the registry has no row for it
 
 
 def build_parser(project: str, configs) -> argparse.ArgumentParser:
@@ -80,6 +82,26 @@ def eval_work(dataset: BooksDataset, tcfg: TrainConfig, seq_len: int, steps: int
     each = evaluation.fast_positions(dataset.books(progress_split(dataset.splits)), tcfg.eval_batch_size, seq_len,
                                      eval_every_max_batches(tcfg))
     return compute_class.EvalWork(each, (steps - 1) // eval_interval(tcfg, steps), final)
+
+
+def measure_here(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainConfig, device: torch.device,
+                 say) -> throughput.ThroughputRow:
+    """This machine's throughput for `model` at the run's batch size: the row of a CPU run with none registered."""
+    say(f"No throughput row for {model} on this CPU: timing {CPU_MEASURE_STEPS} training steps at batch "
+        f"{tcfg.batch_size}...")
+    precision = precision_for(device, tcfg.precision)[2]
+    torch.manual_seed(0)
+    timed = measure.measure_batch_size(model_cls(model_cfg).to(device).train(), model_cfg, tcfg.batch_size, device,
+                                       precision, CPU_MEASURE_STEPS, CPU_MEASURE_WARMUP, tcfg.compile)
+    row = throughput.ThroughputRow(
+        model.project, model.config, model.fingerprint, model.flags, throughput.local_device_name(device),
+        tcfg.batch_size, model_cfg.seq_len, timed.tokens_per_second, None, precision, tcfg.compile, torch.__version__,
+        datetime.date.today().isoformat(), "measured", "fixed batch size; timed by train.py before its run")
+    registry = throughput.display_path(throughput.registry_path(model.project))
+    say(f"Measured {row.tokens_per_second:,.0f} tokens/s on this machine. Its compute classes are this machine's "
+        f"time; to plan the same steps next time, add this row to {registry}:\n"
+        f"{throughput.csv_text([row], header=False).rstrip()}")
+    return row
 
 
 def row_record(row: throughput.ThroughputRow | None, tokens_per_second: float | None) -> dict | None:
@@ -146,9 +168,20 @@ def run(project: str, configs, model_cls, args: argparse.Namespace) -> dict | No
                 pass  # accelerator time is unknown without a throughput
         say(f"Training {project}/{config_name} for --max_steps {steps} (no compute class).")
     elif tcfg.compute_class is not None:
-        plan = compute_class.plan_training(
-            model, tcfg.compute_class, tcfg.batch_size, model_cfg.seq_len, registry, tcfg.reference_hardware,
-            tcfg.tokens_per_second, fwd_flops, local_hw, ddp.world_size, compiled=tcfg.compile)
+        def plan_for(row=None):
+            return compute_class.plan_training(
+                model, tcfg.compute_class, tcfg.batch_size, model_cfg.seq_len, registry, tcfg.reference_hardware,
+                tcfg.tokens_per_second, fwd_flops, local_hw, ddp.world_size, compiled=tcfg.compile, row=row)
+
+        try:
+            plan = plan_for()
+        except throughput.ThroughputNotFoundError:
+            # The CPU path's reference is this machine: a model it has no row for (another vocabulary, other
+            # flags) is timed here. Processes would time it differently, so not under torchrun.
+            if not (cpu_default and ddp.world_size == 1 and throughput.hardware_matches(tcfg.reference_hardware,
+                                                                                         local_hw)):
+                raise
+            plan = plan_for(measure_here(model, model_cls, model_cfg, tcfg, device, say))
         if ddp.main:
             plan = dataclasses.replace(plan, evaluation=eval_work(dataset, tcfg, model_cfg.seq_len, plan.steps, stateful))
         say(compute_class.format_plan(plan))

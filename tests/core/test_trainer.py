@@ -11,6 +11,7 @@ import torch
 from languini import experiment, throughput
 from languini.books import BooksDataset
 from languini.experiment import REPO_ROOT, main
+from languini.measure import Measurement
 from languini.trainer import TrainConfig, Trainer, lr_factor
 from projects.gpt import configs
 from projects.gpt.model import Model
@@ -152,6 +153,27 @@ def test_paper_class_on_a_cpu_says_what_it_means(default_corpus_root, monkeypatc
     assert "use --compute_class 2m" in out and "--config small" in out
     main("gpt", configs, Model, ["--compute_class", "2m", "--dry_run", "true", "--data_root", str(default_corpus_root)])
     assert "toy config" not in capsys.readouterr().out
+
+
+def test_cpu_path_times_a_model_with_another_vocabulary_instead_of_reusing_a_row(default_corpus_root, tmp_path,
+                                                                                   monkeypatch, capsys):
+    """Issue 13: the cpu config on book data (vocab 16384) is another model than on the default corpus (2048)."""
+    (tmp_path / "books_16384").symlink_to(default_corpus_root / "books_2048", target_is_directory=True)
+    monkeypatch.setattr(experiment, "bytes_table", lambda ds, tcfg, vocab_size: torch.ones(vocab_size))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    timed = []
+    monkeypatch.setattr(experiment.measure, "measure_batch_size", lambda model, cfg, batch, *rest: timed.append(
+        cfg.vocab_size) or Measurement(batch, 4096.0, 0.5, None))
+    main("gpt", configs, Model, ["--compute_class", "10s", "--dry_run", "true", "--data_root", str(tmp_path),
+                                 "--vocab_size", "16384"])
+    out = capsys.readouterr().out
+    assert timed == [16384]
+    assert "gpt,cpu," + throughput.model_spec("gpt", "cpu", configs.get("cpu", vocab_size=16384)).fingerprint in out
+    assert "4,096 tokens/s (measured on cpu, " in out and "steps                    20\n" in out  # 40960 / 2048
+    # On the default corpus the cpu config's own row is used, and nothing is timed.
+    main("gpt", configs, Model, ["--compute_class", "10s", "--dry_run", "true", "--data_root",
+                                 str(default_corpus_root)])
+    assert timed == [16384] and "24,004 tokens/s (measured on cpu, 2026-11-22)" in capsys.readouterr().out
 
 
 def test_run_records_its_throughput_row_and_evaluation_time(default_corpus_root, tmp_path, monkeypatch):
