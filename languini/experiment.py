@@ -84,9 +84,15 @@ def eval_work(dataset: BooksDataset, tcfg: TrainConfig, seq_len: int, steps: int
     return compute_class.EvalWork(each, (steps - 1) // eval_interval(tcfg, steps), final)
 
 
-def measure_here(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainConfig, device: torch.device,
-                 say) -> throughput.ThroughputRow:
-    """This machine's throughput for `model` at the run's batch size: the row of a CPU run with none registered."""
+def cpu_row(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainConfig, device: torch.device,
+            say) -> throughput.ThroughputRow:
+    """This CPU's row for `model` when the project's registry has none: from <out_dir>/throughput.csv, where the
+    first run of the model here keeps the row it timed, so later runs (and resumed ones) get the same steps."""
+    kept = Path(tcfg.out_dir) / "throughput.csv"
+    try:
+        return throughput.lookup(kept, model, throughput.local_device_name(device), tcfg.compile)
+    except throughput.ThroughputNotFoundError:
+        pass
     say(f"No throughput row for {model} on this CPU: timing {CPU_MEASURE_STEPS} training steps at batch "
         f"{tcfg.batch_size}...")
     precision = precision_for(device, tcfg.precision)[2]
@@ -97,10 +103,9 @@ def measure_here(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainC
         model.project, model.config, model.fingerprint, model.flags, throughput.local_device_name(device),
         tcfg.batch_size, model_cfg.seq_len, timed.tokens_per_second, None, precision, tcfg.compile, torch.__version__,
         datetime.date.today().isoformat(), "measured", "fixed batch size; timed by train.py before its run")
-    registry = throughput.display_path(throughput.registry_path(model.project))
-    say(f"Measured {row.tokens_per_second:,.0f} tokens/s on this machine. Its compute classes are this machine's "
-        f"time; to plan the same steps next time, add this row to {registry}:\n"
-        f"{throughput.csv_text([row], header=False).rstrip()}")
+    throughput.append_row(kept, row)
+    say(f"Measured {row.tokens_per_second:,.0f} tokens/s; kept in {throughput.display_path(kept)} for the next runs of "
+        f"this model here. Its compute classes are this machine's time.")
     return row
 
 
@@ -181,7 +186,7 @@ def run(project: str, configs, model_cls, args: argparse.Namespace) -> dict | No
             if not (cpu_default and ddp.world_size == 1 and throughput.hardware_matches(tcfg.reference_hardware,
                                                                                          local_hw)):
                 raise
-            plan = plan_for(measure_here(model, model_cls, model_cfg, tcfg, device, say))
+            plan = plan_for(cpu_row(model, model_cls, model_cfg, tcfg, device, say))
         if ddp.main:
             plan = dataclasses.replace(plan, evaluation=eval_work(dataset, tcfg, model_cfg.seq_len, plan.steps, stateful))
         say(compute_class.format_plan(plan))

@@ -264,7 +264,7 @@ def main(argv=None) -> list[throughput.ThroughputRow]:
             row, hardware=reference.hardware, tokens_per_second=reference.tokens_per_second * ratio,
             peak_memory_gib=None, source="derived",
             note=f"derived: {reference.tokens_per_second:,.0f} tokens/s of {base_project} {base_config} "
-                 f"({reference.source}; {reference.hardware}) x {ratio:.4f} = {best.tokens_per_second:,.0f} / "
+                 f"({reference.source}, {reference.hardware}) x {ratio:.4f} = {best.tokens_per_second:,.0f} / "
                  f"{base.tokens_per_second:,.0f} tokens/s of this model / {base_project} {base_config}, both "
                  f"measured in this run on {hardware}; {run_note(args, n_fitted, argv)}")
         print(f"\nderived for {reference.hardware}: {reference.tokens_per_second:,.0f} x {ratio:.4f} = "

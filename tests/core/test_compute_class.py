@@ -114,3 +114,17 @@ def test_plan_evaluation_time_by_hand(tmp_path):
     text = cc.format_plan(plan)
     assert "training 2.0 min on cpu" in text and "evaluation 16 s: 9 x 2,048 positions during training (6 s), " \
         "30,720 at the end (10 s)" in text and "total 2.3 min" in text, text  # 120.8 + 16.4 s
+
+
+def test_plan_says_when_its_row_is_derived(tmp_path):
+    model = tp.model_spec("lram_gpt", "small")
+    registry = tmp_path / "throughput.csv"
+    note = ("derived: 55,416 tokens/s of gpt small (published, RTX 3090) x 0.5302 = 238,234 / 449,295 tokens/s of "
+            "this model / gpt small, both measured in this run on NVIDIA H100 80GB HBM3; best of 8 batch sizes")
+    tp.append_row(registry, tp.ThroughputRow("lram_gpt", "small", model.fingerprint, "", "RTX 3090", 128, 512, 29383.0,
+                                             None, "bf16", False, "2.11.0", "2026-11-24", "derived", note))
+    plan = cc.plan_training(model, "6h", 128, 512, registry)
+    assert plan.throughput_source == "derived" and plan.steps == 9684  # 21600 x 29383 / 65536 = 9684.3
+    text = cc.format_plan(plan)
+    assert "29,383 tokens/s (derived on RTX 3090, 2026-11-24)" in text
+    assert note.split("; ")[0] in text

@@ -397,7 +397,7 @@ def test_derived_row_is_the_baselines_published_row_times_the_measured_ratio(toy
     assert (measured.source, measured.hardware, measured.tokens_per_second) == ("measured", "cpu", 31250.0)
     assert (derived.source, derived.hardware, derived.tokens_per_second) == ("derived", "RTX 3090", 2000.0)
     assert derived.model_fingerprint == tp.model_spec(toy_project, "cpu").fingerprint
-    assert derived.note.startswith(f"derived: 1,000 tokens/s of {toy_project} base (published; RTX 3090) x 2.0000 = "
+    assert derived.note.startswith(f"derived: 1,000 tokens/s of {toy_project} base (published, RTX 3090) x 2.0000 = "
                                    "31,250 / 15,625 tokens/s")
     assert tp.read_registry(registry) == [measured, derived]
     assert tp.lookup(registry, tp.model_spec(toy_project, "cpu"), "NVIDIA GeForce RTX 3090") == derived

@@ -164,15 +164,19 @@ def test_cpu_path_times_a_model_with_another_vocabulary_instead_of_reusing_a_row
     timed = []
     monkeypatch.setattr(experiment.measure, "measure_batch_size", lambda model, cfg, batch, *rest: timed.append(
         cfg.vocab_size) or Measurement(batch, 4096.0, 0.5, None))
-    main("gpt", configs, Model, ["--compute_class", "10s", "--dry_run", "true", "--data_root", str(tmp_path),
-                                 "--vocab_size", "16384"])
+    argv = ["--compute_class", "10s", "--dry_run", "true", "--data_root", str(tmp_path), "--vocab_size", "16384",
+            "--out_dir", str(tmp_path / "runs")]
+    main("gpt", configs, Model, argv)
     out = capsys.readouterr().out
-    assert timed == [16384]
-    assert "gpt,cpu," + throughput.model_spec("gpt", "cpu", configs.get("cpu", vocab_size=16384)).fingerprint in out
+    assert timed == [16384] and "kept in" in out
+    [row] = throughput.read_registry(tmp_path / "runs" / "throughput.csv")
+    assert row.model_fingerprint == throughput.model_spec("gpt", "cpu", configs.get("cpu", vocab_size=16384)).fingerprint
     assert "4,096 tokens/s (measured on cpu, " in out and "steps                    20\n" in out  # 40960 / 2048
+    main("gpt", configs, Model, argv)  # the next run here (or a resumed one) plans with the row kept
+    assert timed == [16384] and "steps                    20\n" in capsys.readouterr().out
     # On the default corpus the cpu config's own row is used, and nothing is timed.
     main("gpt", configs, Model, ["--compute_class", "10s", "--dry_run", "true", "--data_root",
-                                 str(default_corpus_root)])
+                                 str(default_corpus_root), "--out_dir", str(tmp_path / "runs")])
     assert timed == [16384] and "24,004 tokens/s (measured on cpu, 2026-11-22)" in capsys.readouterr().out
 
 
