@@ -282,8 +282,8 @@ def lookup(path: Path | str, model: ModelSpec, hardware: str, compiled: bool = F
     lines += [f"Measure it on the {hardware} with", f"    {measure_command(model, path, compiled)}"]
     baseline = _derive_baseline(model, hardware)
     if baseline is not None:
-        lines += [f"or, without a {hardware} at hand, derive it on your GPU by ratio to {baseline.replace(':', ' ')}, "
-                  f"which has a published row on the {hardware}:",
+        lines += [f"or, on another GPU, derive it by ratio to {baseline.replace(':', ' ')}, which has a published row "
+                  f"on the {hardware}:",
                   f"    {measure_command(model, path, compiled)} --derive {shlex.quote(hardware)} --baseline {baseline}"]
     lines.append("or set the throughput by hand with --tokens_per_second N.")
     raise ThroughputNotFoundError("\n".join(lines))
