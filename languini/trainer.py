@@ -39,7 +39,11 @@ class TrainConfig:
     batch_size: int = arg(16, "global batch: sequences per optimiser step, whatever the processes and accumulation")
     micro_batches: int = arg(1, "gradient-accumulation steps per process")
     lr: float = arg(6e-4, "peak learning rate (memory values get the model's own multiple)")
-    warmup_steps: int = arg(200, "linear warm-up steps, at most a tenth of the run")
+    lr_schedule: str = arg("ramp_times_cosine",
+                           "ramp_times_cosine (the official Languini code's): a linear warm-up ramp times a cosine "
+                           "that decays over all steps from step 0; warmup_then_cosine: linear warm-up, then a "
+                           "cosine over the remaining steps", choices=("ramp_times_cosine", "warmup_then_cosine"))
+    warmup_steps: int = arg(200, "linear warm-up steps (warmup_then_cosine: at most a tenth of the run)")
     final_lr_fraction: float = arg(0.01, "cosine decay to this fraction of lr (the paper: 100x)")
     grad_clip: float | None = arg(None, "max gradient norm; None disables clipping")
     eval_every: int | None = arg(None, "steps between evaluations; None: ten per run")
@@ -82,12 +86,25 @@ def step_optimizers(optimizers, scaler) -> None:
         scaler.update()
 
 
-def lr_factor(step: int, total: int, warmup: int, final_fraction: float) -> float:
+def ramp_times_cosine(step: int, total: int, warmup: int, final_fraction: float) -> float:
+    """The official Languini schedule: a linear ramp over `warmup` steps times a cosine from 1 to final_fraction
+    over all `total` steps, both from the start. Step 0 is the first optimiser step, which the official
+    scheduler takes at its count 1 (it counts once when built)."""
+    count = step + 1
+    cosine = 0.5 * (1 + math.cos(math.pi * min(count, total) / total))
+    ramp = min(count, warmup) / warmup if warmup > 0 else 1.0
+    return ramp * (final_fraction + (1 - final_fraction) * cosine)
+
+
+def warmup_then_cosine(step: int, total: int, warmup: int, final_fraction: float) -> float:
     """Linear warm-up, then cosine decay from 1 to final_fraction at the last step."""
     if step < warmup:
         return (step + 1) / warmup
     progress = min((step - warmup) / max(total - warmup, 1), 1.0)
     return final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+LR_SCHEDULES = {"ramp_times_cosine": ramp_times_cosine, "warmup_then_cosine": warmup_then_cosine}
 
 
 def precision_for(device: torch.device, precision: str):
@@ -166,9 +183,13 @@ class Trainer:
         self.optimizers, self.dense_params = build_optimizers(self.model, tcfg.lr, self.device)
         if len(self.optimizers) > 1 and self.ddp.world_size > 1:
             raise ValueError("Row-sparse value gradients are single-process only; use --sparse_values false with DDP.")
-        warmup = min(tcfg.warmup_steps, max(total_steps // 10, 1))
+        if tcfg.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"--lr_schedule must be one of {', '.join(LR_SCHEDULES)}, not {tcfg.lr_schedule}")
+        schedule, warmup = LR_SCHEDULES[tcfg.lr_schedule], tcfg.warmup_steps
+        if tcfg.lr_schedule == "warmup_then_cosine":
+            warmup = min(warmup, max(total_steps // 10, 1))
         self.schedulers = [torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: lr_factor(s, total_steps, warmup, tcfg.final_lr_fraction)) for opt in self.optimizers]
+            opt, lambda s: schedule(s, total_steps, warmup, tcfg.final_lr_fraction)) for opt in self.optimizers]
         self.autocast, self.scaler, self.precision = precision_for(self.device, tcfg.precision)
 
         self.train_model = self.model
