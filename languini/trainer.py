@@ -23,9 +23,9 @@ from torch.utils._pytree import tree_map
 from tqdm import tqdm
 
 from languini import checkpoint, flops
-from languini.books import BooksDataset, TrainBatches
+from languini.books import SLOW_EVAL_PROTOCOLS, BooksDataset, TrainBatches
 from languini.compute_class import DEFAULT_REFERENCE_HARDWARE
-from languini.evaluation import Evaluator
+from languini.evaluation import Evaluator, evaluate_splits
 from languini.flags import arg
 
 
@@ -53,6 +53,12 @@ class TrainConfig:
     eval_batch_size: int = arg(16, "streams per evaluation batch")
     eval_max_batches: int | None = arg(500, "fast eval: up to this many batches per split")
     slow_eval_max_windows: int | None = arg(None, "slow eval: cap on windows per split (None: the whole split)")
+    slow_eval: str = arg("last_n", "slow eval of stateless models: last_n (the official eval.py, the paper's tables): "
+                         "every window, the first too, scores only its last slow_eval_last_n targets; every_target: "
+                         "the first window scores all its targets, so every target counts once",
+                         choices=SLOW_EVAL_PROTOCOLS)
+    slow_eval_last_n: int | None = arg(None, "slow eval: windows move by this many tokens and score as many "
+                                       "(None: seq_len // 4, the paper's 128 of 512)")
     precision: str = arg("auto", "auto (bf16 if supported, else fp16 with a grad scaler; fp32 on CPU), bf16, fp16, fp32")
     compile: bool = arg(False, "torch.compile the model (true/false)")
     seed: int = arg(0, "seed of the model's initialisation")
@@ -168,7 +174,8 @@ class Trainer:
     def __init__(self, *, project: str, config_name: str, model_cfg, model_cls, tcfg: TrainConfig,
                  dataset: BooksDataset, bytes_per_token: torch.Tensor, run_dir: Path, total_steps: int,
                  tokens_per_second: float | None, reference_hardware: str, flops_per_forward: float | None = None,
-                 device: torch.device | None = None, ddp: Dist | None = None, extra_results: dict | None = None):
+                 device: torch.device | None = None, ddp: Dist | None = None, extra_results: dict | None = None,
+                 decode=None):
         self.project, self.config_name, self.model_cfg, self.tcfg = project, config_name, model_cfg, tcfg
         self.dataset, self.run_dir, self.total_steps = dataset, run_dir, total_steps
         self.tokens_per_second, self.reference_hardware = tokens_per_second, reference_hardware
@@ -204,7 +211,8 @@ class Trainer:
         self.states = [None] * tcfg.micro_batches
         self.evaluator = Evaluator(bytes_per_token, model_cfg.vocab_size, self.seq_len, self.device,
                                    tcfg.eval_batch_size, tcfg.eval_max_batches, tcfg.slow_eval_max_windows,
-                                   self.autocast, self.ddp.rank, self.ddp.world_size)
+                                   self.autocast, self.ddp.rank, self.ddp.world_size, decode, tcfg.slow_eval,
+                                   tcfg.slow_eval_last_n)
         self.eval_split = "valid" if "valid" in dataset.splits else "test"
         self.step = 0
         if tcfg.resume:
@@ -332,23 +340,11 @@ class Trainer:
             bar.close()
 
     def final_evaluation(self, log) -> dict:
-        results = {"fast": {}, "slow": {}}
-        memory_stats = {}
-        for split in [s for s in self.dataset.splits if s != "train"]:
-            books = self.dataset.books(split)
-            if hasattr(self.model, "reset_memory_stats"):
-                self.model.reset_memory_stats()
-            r = {"fast": self.evaluator.fast(self.model, books).as_dict()}
-            if hasattr(self.model, "memory_stats"):  # over the fast eval only: one pass over the split
-                memory_stats[split] = self.model.memory_stats()
-            r["slow"] = self.evaluator.slow(self.model, books, stateful=self.stateful).as_dict()
-            for mode in ("fast", "slow"):
-                results[mode][split] = r[mode]
-                log.write({"event": "eval", **self.position(self.step), "split": split, "mode": mode, **r[mode]})
-            if self.ddp.main:
-                print(f"  {split:>12}: fast {r['fast']['normalised_perplexity']:.4f}  "
-                      f"slow {r['slow']['normalised_perplexity']:.4f}  (normalised perplexity)")
-        return {"eval": results, **({"memory_stats": memory_stats} if memory_stats else {})}
+        say = print if self.ddp.main else (lambda *a, **k: None)
+        return evaluate_splits(self.evaluator, self.model, self.dataset,
+                               [s for s in self.dataset.splits if s != "train"], self.stateful,
+                               write_row=lambda row: log.write({"event": "eval", **self.position(self.step), **row}),
+                               say=say)
 
     def results(self, evals: dict, compute_class: str | None) -> dict:
         pos = self.position(self.step)

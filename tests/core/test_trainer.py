@@ -98,6 +98,12 @@ def test_killed_and_resumed_run_has_the_losses_of_an_uninterrupted_one(default_c
     results = json.loads((run_b / "results.json").read_text())
     assert results["steps"] == 8 and results["tokens_seen"] == 8 * 4 * 32
     assert set(results["eval"]["slow"]) == {"valid", "test", "ood_series"}
+    slow = results["eval"]["slow"]["test"]
+    assert (slow["protocol"], slow["window"], slow["last_n"]) == ("last_n", 32, 32 // 4)  # the official default
+    for row in (results["eval"]["fast"]["test"], slow):
+        assert row["scored_chars"] <= row["scored_bytes"]  # so per character is the higher perplexity
+        assert row["normalised_perplexity_chars"] >= row["normalised_perplexity"] > 1
+        assert 0 <= row["top1_accuracy"] <= row["top10_accuracy"] <= 1
 
 
 def test_sparse_group_updates_only_rows_read(default_corpus_root, tmp_path):
@@ -147,6 +153,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(default_corpus
     (["--compute_class", "1h", "--reference_hardware", "RTX 3090"], "measure_throughput.py gpt cpu --sweep"),
     (["--compute_class", "6 hours"], "not understood"),
     (["--max_steps", "1", "--batch_size", "5", "--micro_batches", "2"], "not divisible into 2 micro-batches"),
+    (["--max_steps", "1", "--slow_eval_last_n", "64"], "slow_eval_last_n must be in 1..seq_len"),
 ])
 def test_bad_input_gives_one_clear_error(default_corpus_root, tmp_path, extra, message):
     args = TINY + ["--data_root", str(default_corpus_root), "--out_dir", str(tmp_path)] + extra
