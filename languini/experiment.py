@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from languini import compute_class, default_corpus, flops, throughput, tokenizer
 from languini.books import BooksDataset, DataError
+from languini.evaluation import describe_slow_protocol
 from languini.flags import add_dataclass_flags, overrides
 from languini.logs import RunLog
 from languini.trainer import Dist, NonFiniteLoss, Trainer, TrainConfig, init_distributed, write_json
@@ -18,6 +19,7 @@ from languini.trainer import Dist, NonFiniteLoss, Trainer, TrainConfig, init_dis
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO_ROOT / "data"
 CPU_CONFIG = "cpu"
+RUN_CONFIG = "config.json"
 
 
 def build_parser(project: str, configs) -> argparse.ArgumentParser:
@@ -52,7 +54,8 @@ def load_data(tcfg: TrainConfig, model_cfg, say, ddp: Dist) -> tuple[BooksDatase
     return ds, model_cfg
 
 
-def bytes_table(ds: BooksDataset, tcfg: TrainConfig, vocab_size: int) -> torch.Tensor:
+def load_tokenizer(ds: BooksDataset, tcfg: TrainConfig, vocab_size: int):
+    """The data's SentencePiece model: normalised perplexity counts the bytes and characters it decodes to."""
     path = Path(tcfg.tokenizer) if tcfg.tokenizer else ds.tokenizer_path()
     if path is None or not path.exists():
         raise DataError(f"Normalised perplexity needs the data's SentencePiece model to count bytes; none in {ds.dir}. "
@@ -60,7 +63,7 @@ def bytes_table(ds: BooksDataset, tcfg: TrainConfig, vocab_size: int) -> torch.T
     sp = tokenizer.load(path)
     if sp.get_piece_size() != vocab_size:
         raise DataError(f"The tokenizer {path} has {sp.get_piece_size()} tokens but the model's vocab is {vocab_size}.")
-    return torch.from_numpy(tokenizer.bytes_per_token(sp))
+    return sp
 
 
 def main(project: str, configs, model_cls, argv: list[str] | None = None) -> dict | None:
@@ -95,7 +98,8 @@ def run(project: str, configs, model_cls, args: argparse.Namespace) -> dict | No
     model_cfg = configs.get(config_name, **overrides(args, configs.ModelConfig))
 
     dataset, model_cfg = load_data(tcfg, model_cfg, say, ddp)
-    bytes_per_token = bytes_table(dataset, tcfg, model_cfg.vocab_size)
+    sp = load_tokenizer(dataset, tcfg, model_cfg.vocab_size)
+    bytes_per_token = torch.from_numpy(tokenizer.bytes_per_token(sp))
 
     local_hw = throughput.local_device_name(device)
     fwd_flops = None
@@ -137,10 +141,12 @@ def run(project: str, configs, model_cls, args: argparse.Namespace) -> dict | No
     trainer = Trainer(project=project, config_name=config_name, model_cfg=model_cfg, model_cls=model_cls,
                       tcfg=tcfg, dataset=dataset, bytes_per_token=bytes_per_token, run_dir=run_dir,
                       total_steps=steps, tokens_per_second=tok_s, reference_hardware=tcfg.reference_hardware,
-                      flops_per_forward=fwd_flops, device=device, ddp=ddp)
+                      flops_per_forward=fwd_flops, device=device, ddp=ddp, decode=sp.decode)
     trainer.peak_flops = peak.flops_per_second if peak else None
     config = {"project": project, "config": config_name, "model": dataclasses.asdict(model_cfg),
               "train": dataclasses.asdict(tcfg), "steps": steps}
+    if ddp.main:  # what scripts/evaluate.py needs to rebuild the model and its data
+        write_json(run_dir / RUN_CONFIG, config)
     log = RunLog(run_dir, config, tcfg.wandb, tcfg.wandb_project, tcfg.tensorboard, enabled=ddp.main,
                  resume_step=trainer.step if tcfg.resume else None)
     say(f"{sum(p.numel() for p in trainer.model.parameters()):,} parameters, {trainer.precision} on {local_hw}"
@@ -150,9 +156,8 @@ def run(project: str, configs, model_cls, args: argparse.Namespace) -> dict | No
         if trainer.step < steps:
             say(f"Stopped after step {trainer.step} of {steps} as asked; continue with --resume true.")
             return None
-        slow = ("the stream read once, state carried" if trainer.stateful
-                else "windows moved by a quarter, their last quarter scored")
-        say(f"Final evaluation (fast: all predictions of eval batches; slow: {slow}):")
+        say(f"Final evaluation (fast: all predictions of eval batches; slow: "
+            f"{describe_slow_protocol(trainer.evaluator.slow_protocol_for(trainer.stateful))}):")
         results = trainer.results(trainer.final_evaluation(log), tcfg.compute_class)
     finally:
         log.close()

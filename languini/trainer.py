@@ -23,9 +23,9 @@ from torch.utils._pytree import tree_map
 from tqdm import tqdm
 
 from languini import checkpoint, flops
-from languini.books import BooksDataset, TrainBatches
+from languini.books import SLOW_EVAL_PROTOCOLS, BooksDataset, TrainBatches
 from languini.compute_class import DEFAULT_REFERENCE_HARDWARE
-from languini.evaluation import Evaluator
+from languini.evaluation import Evaluator, evaluate_splits
 from languini.flags import arg
 
 
@@ -39,7 +39,11 @@ class TrainConfig:
     batch_size: int = arg(16, "global batch: sequences per optimiser step, whatever the processes and accumulation")
     micro_batches: int = arg(1, "gradient-accumulation steps per process")
     lr: float = arg(6e-4, "peak learning rate (memory values get the model's own multiple)")
-    warmup_steps: int = arg(200, "linear warm-up steps, at most a tenth of the run")
+    lr_schedule: str = arg("ramp_times_cosine",
+                           "ramp_times_cosine (the official Languini code's): a linear warm-up ramp times a cosine "
+                           "that decays over all steps from step 0; warmup_then_cosine: linear warm-up, then a "
+                           "cosine over the remaining steps", choices=("ramp_times_cosine", "warmup_then_cosine"))
+    warmup_steps: int = arg(200, "linear warm-up steps (warmup_then_cosine: at most a tenth of the run)")
     final_lr_fraction: float = arg(0.01, "cosine decay to this fraction of lr (the paper: 100x)")
     grad_clip: float | None = arg(None, "max gradient norm; None disables clipping")
     eval_every: int | None = arg(None, "steps between evaluations; None: ten per run")
@@ -49,6 +53,12 @@ class TrainConfig:
     eval_batch_size: int = arg(16, "streams per evaluation batch")
     eval_max_batches: int | None = arg(500, "fast eval: up to this many batches per split")
     slow_eval_max_windows: int | None = arg(None, "slow eval: cap on windows per split (None: the whole split)")
+    slow_eval: str = arg("last_n", "slow eval of stateless models: last_n (the official eval.py, the paper's tables): "
+                         "every window, the first too, scores only its last slow_eval_last_n targets; every_target: "
+                         "the first window scores all its targets, so every target counts once",
+                         choices=SLOW_EVAL_PROTOCOLS)
+    slow_eval_last_n: int | None = arg(None, "slow eval: windows move by this many tokens and score as many "
+                                       "(None: seq_len // 4, the paper's 128 of 512)")
     precision: str = arg("auto", "auto (bf16 if supported, else fp16 with a grad scaler; fp32 on CPU), bf16, fp16, fp32")
     compile: bool = arg(False, "torch.compile the model (true/false)")
     seed: int = arg(0, "seed of the model's initialisation")
@@ -82,12 +92,25 @@ def step_optimizers(optimizers, scaler) -> None:
         scaler.update()
 
 
-def lr_factor(step: int, total: int, warmup: int, final_fraction: float) -> float:
+def ramp_times_cosine(step: int, total: int, warmup: int, final_fraction: float) -> float:
+    """The official Languini schedule: a linear ramp over `warmup` steps times a cosine from 1 to final_fraction
+    over all `total` steps, both from the start. Step 0 is the first optimiser step, which the official
+    scheduler takes at its count 1 (it counts once when built)."""
+    count = step + 1
+    cosine = 0.5 * (1 + math.cos(math.pi * min(count, total) / total))
+    ramp = min(count, warmup) / warmup if warmup > 0 else 1.0
+    return ramp * (final_fraction + (1 - final_fraction) * cosine)
+
+
+def warmup_then_cosine(step: int, total: int, warmup: int, final_fraction: float) -> float:
     """Linear warm-up, then cosine decay from 1 to final_fraction at the last step."""
     if step < warmup:
         return (step + 1) / warmup
     progress = min((step - warmup) / max(total - warmup, 1), 1.0)
     return final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+LR_SCHEDULES = {"ramp_times_cosine": ramp_times_cosine, "warmup_then_cosine": warmup_then_cosine}
 
 
 def precision_for(device: torch.device, precision: str):
@@ -151,7 +174,8 @@ class Trainer:
     def __init__(self, *, project: str, config_name: str, model_cfg, model_cls, tcfg: TrainConfig,
                  dataset: BooksDataset, bytes_per_token: torch.Tensor, run_dir: Path, total_steps: int,
                  tokens_per_second: float | None, reference_hardware: str, flops_per_forward: float | None = None,
-                 device: torch.device | None = None, ddp: Dist | None = None, extra_results: dict | None = None):
+                 device: torch.device | None = None, ddp: Dist | None = None, extra_results: dict | None = None,
+                 decode=None):
         self.project, self.config_name, self.model_cfg, self.tcfg = project, config_name, model_cfg, tcfg
         self.dataset, self.run_dir, self.total_steps = dataset, run_dir, total_steps
         self.tokens_per_second, self.reference_hardware = tokens_per_second, reference_hardware
@@ -166,9 +190,13 @@ class Trainer:
         self.optimizers, self.dense_params = build_optimizers(self.model, tcfg.lr, self.device)
         if len(self.optimizers) > 1 and self.ddp.world_size > 1:
             raise ValueError("Row-sparse value gradients are single-process only; use --sparse_values false with DDP.")
-        warmup = min(tcfg.warmup_steps, max(total_steps // 10, 1))
+        if tcfg.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"--lr_schedule must be one of {', '.join(LR_SCHEDULES)}, not {tcfg.lr_schedule}")
+        schedule, warmup = LR_SCHEDULES[tcfg.lr_schedule], tcfg.warmup_steps
+        if tcfg.lr_schedule == "warmup_then_cosine":
+            warmup = min(warmup, max(total_steps // 10, 1))
         self.schedulers = [torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: lr_factor(s, total_steps, warmup, tcfg.final_lr_fraction)) for opt in self.optimizers]
+            opt, lambda s: schedule(s, total_steps, warmup, tcfg.final_lr_fraction)) for opt in self.optimizers]
         self.autocast, self.scaler, self.precision = precision_for(self.device, tcfg.precision)
 
         self.train_model = self.model
@@ -183,7 +211,8 @@ class Trainer:
         self.states = [None] * tcfg.micro_batches
         self.evaluator = Evaluator(bytes_per_token, model_cfg.vocab_size, self.seq_len, self.device,
                                    tcfg.eval_batch_size, tcfg.eval_max_batches, tcfg.slow_eval_max_windows,
-                                   self.autocast, self.ddp.rank, self.ddp.world_size)
+                                   self.autocast, self.ddp.rank, self.ddp.world_size, decode, tcfg.slow_eval,
+                                   tcfg.slow_eval_last_n)
         self.eval_split = "valid" if "valid" in dataset.splits else "test"
         self.step = 0
         if tcfg.resume:
@@ -311,23 +340,11 @@ class Trainer:
             bar.close()
 
     def final_evaluation(self, log) -> dict:
-        results = {"fast": {}, "slow": {}}
-        memory_stats = {}
-        for split in [s for s in self.dataset.splits if s != "train"]:
-            books = self.dataset.books(split)
-            if hasattr(self.model, "reset_memory_stats"):
-                self.model.reset_memory_stats()
-            r = {"fast": self.evaluator.fast(self.model, books).as_dict()}
-            if hasattr(self.model, "memory_stats"):  # over the fast eval only: one pass over the split
-                memory_stats[split] = self.model.memory_stats()
-            r["slow"] = self.evaluator.slow(self.model, books, stateful=self.stateful).as_dict()
-            for mode in ("fast", "slow"):
-                results[mode][split] = r[mode]
-                log.write({"event": "eval", **self.position(self.step), "split": split, "mode": mode, **r[mode]})
-            if self.ddp.main:
-                print(f"  {split:>12}: fast {r['fast']['normalised_perplexity']:.4f}  "
-                      f"slow {r['slow']['normalised_perplexity']:.4f}  (normalised perplexity)")
-        return {"eval": results, **({"memory_stats": memory_stats} if memory_stats else {})}
+        say = print if self.ddp.main else (lambda *a, **k: None)
+        return evaluate_splits(self.evaluator, self.model, self.dataset,
+                               [s for s in self.dataset.splits if s != "train"], self.stateful,
+                               write_row=lambda row: log.write({"event": "eval", **self.position(self.step), **row}),
+                               say=say)
 
     def results(self, evals: dict, compute_class: str | None) -> dict:
         pos = self.position(self.step)

@@ -1,5 +1,6 @@
 """The trainer end to end on CPU: exact resume, non-finite loss, bad input, data parallel = accumulation."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import torch
 
 from languini.books import BooksDataset
 from languini.experiment import REPO_ROOT, main
-from languini.trainer import TrainConfig, Trainer, lr_factor
+from languini.trainer import TrainConfig, Trainer, ramp_times_cosine, warmup_then_cosine
 from projects.gpt import configs
 from projects.gpt.model import Model
 
@@ -23,11 +24,47 @@ def train_losses(run_dir):
     return [(r["step"], r["loss"]) for r in rows if r["event"] == "train"]
 
 
-def test_lr_schedule_by_hand():
-    assert lr_factor(0, 100, 10, 0.01) == pytest.approx(0.1)
-    assert lr_factor(9, 100, 10, 0.01) == pytest.approx(1.0)
-    assert lr_factor(55, 100, 10, 0.01) == pytest.approx(0.01 + 0.99 * 0.5)  # half-way through the cosine
-    assert lr_factor(100, 100, 10, 0.01) == pytest.approx(0.01)  # decayed by 100x
+def test_warmup_then_cosine_by_hand():
+    assert warmup_then_cosine(0, 100, 10, 0.01) == pytest.approx(0.1)
+    assert warmup_then_cosine(9, 100, 10, 0.01) == pytest.approx(1.0)
+    assert warmup_then_cosine(55, 100, 10, 0.01) == pytest.approx(0.01 + 0.99 * 0.5)  # half-way through the cosine
+    assert warmup_then_cosine(100, 100, 10, 0.01) == pytest.approx(0.01)  # decayed by 100x
+
+
+def test_ramp_times_cosine_by_hand():
+    # The official schedule, 1,000 steps, warm-up 200: optimiser step s uses the factor of count c = s + 1,
+    # min(c, 200) / 200 * (0.01 + 0.99 * (1 + cos(pi * c / 1000)) / 2).
+    cos_pi_10, cos_pi_5 = math.sqrt(10 + 2 * math.sqrt(5)) / 4, (1 + math.sqrt(5)) / 4  # cos(pi/10), cos(pi/5)
+    first = 1 / 200 * (0.01 + 0.99 * (1 + math.cos(math.pi / 1000)) / 2)
+    assert ramp_times_cosine(0, 1000, 200, 0.01) == pytest.approx(first)
+    assert ramp_times_cosine(99, 1000, 200, 0.01) == pytest.approx(0.5 * (0.01 + 0.99 * (1 + cos_pi_10) / 2))
+    assert ramp_times_cosine(199, 1000, 200, 0.01) == pytest.approx(0.01 + 0.99 * (1 + cos_pi_5) / 2)
+    assert ramp_times_cosine(499, 1000, 200, 0.01) == pytest.approx(0.505)  # cos(pi/2) = 0
+    assert ramp_times_cosine(999, 1000, 200, 0.01) == pytest.approx(0.01)  # the last step: decayed by 100x
+    # A run shorter than the warm-up never reaches the peak: its last step is half-ramped and fully decayed.
+    assert ramp_times_cosine(99, 100, 200, 0.01) == pytest.approx(0.5 * 0.01)
+    # At step 100 of 1,000 the official rate is 0.4925 of the peak, warmup_then_cosine's (warm-up 100) the peak.
+    assert ramp_times_cosine(100, 1000, 200, 0.01) == pytest.approx(0.4925, abs=5e-5)
+    assert warmup_then_cosine(100, 1000, 100, 0.01) == 1.0
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of:UserWarning")
+@pytest.mark.parametrize("schedule,step,factor", [
+    ("ramp_times_cosine", 0, 1 / 200 * (0.01 + 0.99 * (1 + math.cos(math.pi / 1000)) / 2)),
+    ("ramp_times_cosine", 499, 0.505),
+    ("warmup_then_cosine", 0, 1 / 100),  # warm-up cut to a tenth of the run
+    ("warmup_then_cosine", 99, 1.0),
+])
+def test_trainer_follows_the_schedule_it_is_given(default_corpus_root, tmp_path, schedule, step, factor):
+    cfg = configs.get("cpu", d_model=16, n_layers=1, n_heads=2, d_head=8, seq_len=8)
+    assert TrainConfig().lr_schedule == "ramp_times_cosine" and TrainConfig().warmup_steps == 200  # the official
+    tcfg = TrainConfig(batch_size=2, lr_schedule=schedule)
+    trainer = Trainer(project="gpt", config_name="cpu", model_cfg=cfg, model_cls=Model, tcfg=tcfg,
+                      dataset=BooksDataset(default_corpus_root, 2048), bytes_per_token=torch.ones(2048),
+                      run_dir=tmp_path, total_steps=1000, tokens_per_second=1.0, reference_hardware="cpu")
+    for _ in range(step):
+        trainer.schedulers[0].step()
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(6e-4 * factor)
 
 
 class SparseEmbeddingGPT(Model):
@@ -61,6 +98,12 @@ def test_killed_and_resumed_run_has_the_losses_of_an_uninterrupted_one(default_c
     results = json.loads((run_b / "results.json").read_text())
     assert results["steps"] == 8 and results["tokens_seen"] == 8 * 4 * 32
     assert set(results["eval"]["slow"]) == {"valid", "test", "ood_series"}
+    slow = results["eval"]["slow"]["test"]
+    assert (slow["protocol"], slow["window"], slow["last_n"]) == ("last_n", 32, 32 // 4)  # the official default
+    for row in (results["eval"]["fast"]["test"], slow):
+        assert row["scored_chars"] <= row["scored_bytes"]  # so per character is the higher perplexity
+        assert row["normalised_perplexity_chars"] >= row["normalised_perplexity"] > 1
+        assert 0 <= row["top1_accuracy"] <= row["top10_accuracy"] <= 1
 
 
 def test_sparse_group_updates_only_rows_read(default_corpus_root, tmp_path):
@@ -110,6 +153,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(default_corpus
     (["--compute_class", "1h", "--reference_hardware", "RTX 3090"], "measure_throughput.py gpt cpu --sweep"),
     (["--compute_class", "6 hours"], "not understood"),
     (["--max_steps", "1", "--batch_size", "5", "--micro_batches", "2"], "not divisible into 2 micro-batches"),
+    (["--max_steps", "1", "--slow_eval_last_n", "64"], "slow_eval_last_n must be in 1..seq_len"),
 ])
 def test_bad_input_gives_one_clear_error(default_corpus_root, tmp_path, extra, message):
     args = TINY + ["--data_root", str(default_corpus_root), "--out_dir", str(tmp_path)] + extra
