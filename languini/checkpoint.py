@@ -5,6 +5,7 @@ runs also hold each process's recurrent states, `states_rank<r>.pt` and `states_
 """
 from __future__ import annotations
 
+import errno
 import os
 import random
 from collections.abc import Callable
@@ -40,9 +41,15 @@ def previous_path(path: Path) -> Path:
 
 def fsync_dir(folder: Path) -> None:
     """Make renames in `folder` durable (a node crash after os.replace may otherwise undo them)."""
-    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # Windows cannot open a folder (nor needs to flush one)
+        return
     try:
         os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP):  # filesystems that cannot flush a folder
+            raise
     finally:
         os.close(fd)
 

@@ -6,12 +6,15 @@ so their exit codes are the ones a requeue script reads.
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from languini import checkpoint, run_folder
 from languini.experiment import REPO_ROOT, main
 from languini.stop import EXIT_UNFINISHED
 from projects.gpt import configs
@@ -52,11 +55,18 @@ def checkpoint_step(path):
 
 @pytest.fixture(scope="module")
 def whole_run(default_corpus_root, tmp_path_factory):
-    """An uninterrupted 8-step run: what every stopped and continued run must reproduce exactly."""
+    """An uninterrupted 8-step run, started by --resume auto in an empty folder (what a requeue script's first
+    job does): what every stopped and continued run must reproduce exactly."""
     out = tmp_path_factory.mktemp("whole")
-    done = train("gpt", TINY + STEPS + ["--data_root", str(default_corpus_root), "--out_dir", str(out)])
+    done = train("gpt", TINY + STEPS + ["--data_root", str(default_corpus_root), "--out_dir", str(out),
+                                        "--resume", "auto"])
     assert done.returncode == 0, done.stderr
     return out / "r"
+
+
+def test_resume_auto_in_an_empty_folder_starts_the_run(whole_run):
+    assert [r["step"] for r in log_rows(whole_run) if r["event"] == "train"] == list(range(1, 9))
+    assert results(whole_run)["steps"] == 8
 
 
 def test_run_stopped_in_training_and_in_the_final_evaluation_reproduces_the_whole_run(default_corpus_root,
@@ -100,6 +110,38 @@ def test_unreadable_latest_checkpoint_falls_back_to_the_previous_one(default_cor
     assert results(run) == results(whole_run)
 
 
+def test_checkpoint_is_flushed_before_its_rename_and_the_previous_one_kept(tmp_path, monkeypatch):
+    events = []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", stat.S_ISDIR(os.fstat(fd).st_mode))),
+                                                 fsync(fd)))
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", Path(a).name, Path(b).name)),
+                                                     replace(a, b)))
+    checkpoint.save(tmp_path, {"step": 1})
+    events.clear()
+    checkpoint.save(tmp_path, {"step": 2})
+    assert events == [("fsync", False), ("replace", "checkpoint.pt", "checkpoint_previous.pt"),
+                      ("replace", "checkpoint.pt.tmp", "checkpoint.pt"), ("fsync", True)]  # True: the folder
+    checkpoint.save(tmp_path, {"step": 3}, keep_previous=False)  # after a fallback to the previous one
+    assert [checkpoint_step(tmp_path / n) for n in ("checkpoint.pt", "checkpoint_previous.pt")] == [3, 1]
+
+
+def test_process_states_are_those_of_the_checkpoint_step(tmp_path):
+    """After a fallback to the previous checkpoint, each process takes its previous states too."""
+    for step in (4, 6):
+        checkpoint.save_rank_states(tmp_path, 1, step, [f"state at {step}"])
+    assert checkpoint.load_rank_states(tmp_path, 1, 4, torch.device("cpu")) == ["state at 4"]
+    assert checkpoint.load_rank_states(tmp_path, 1, 6, torch.device("cpu")) == ["state at 6"]
+    with pytest.raises(checkpoint.CheckpointError, match="No recurrent states of process 1 for step 5"):
+        checkpoint.load_rank_states(tmp_path, 1, 5, torch.device("cpu"))
+
+
+def test_continue_command_is_the_same_one_with_resume_auto():
+    argv = ["--max_steps", "8", "--resume", "false", "--overwrite=true", "--run_name", "my run"]
+    assert run_folder.continue_command("gpt", argv) == \
+        "python projects/gpt/train.py --max_steps 8 --run_name 'my run' --resume auto"
+
+
 def test_no_readable_checkpoint_is_one_error_and_changes_nothing(default_corpus_root, tmp_path):
     args = TINY + ["--data_root", str(default_corpus_root), "--out_dir", str(tmp_path), "--max_steps", "4",
                    "--checkpoint_every", "1", "--stop_at_step", "2"]
@@ -112,12 +154,6 @@ def test_no_readable_checkpoint_is_one_error_and_changes_nothing(default_corpus_
                                          r"cannot be read.*Nothing in the folder was changed"):
         main("gpt", configs, Model, args + ["--resume", "auto"])
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
-
-
-def test_resume_auto_in_an_empty_folder_starts_the_run(default_corpus_root, tmp_path):
-    args = TINY + ["--data_root", str(default_corpus_root), "--out_dir", str(tmp_path), "--max_steps", "2"]
-    assert main("gpt", configs, Model, args + ["--resume", "auto"])["steps"] == 2
-    assert [r["step"] for r in log_rows(tmp_path / "r") if r["event"] == "train"] == [1, 2]
 
 
 def test_resume_true_without_a_checkpoint_says_to_use_auto(default_corpus_root, tmp_path):
