@@ -78,7 +78,7 @@ def main(project: str, configs, model_cls, argv: list[str] | None = None) -> dic
                                                   int(os.environ.get("WORLD_SIZE", "1")))
             print(f"{e}\nContinue with the same command and --resume auto:\n  {command}", flush=True)
         sys.exit(EXIT_UNFINISHED)
-    except KeyboardInterrupt:  # a second Ctrl-C
+    except KeyboardInterrupt:  # Ctrl-C after a first stop signal
         print("Interrupted at once: the run's last checkpoint is kept; continue with --resume auto.", file=sys.stderr)
         sys.exit(130)
     except (DataError, ValueError, FileExistsError, FileNotFoundError, throughput.ThroughputNotFoundError,

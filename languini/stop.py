@@ -29,7 +29,7 @@ class StopSignals:
     """While active, a stop signal is recorded and training stops at the end of the step.
 
     After `stop_at_once()` (the final evaluation, which changes nothing on disk) a signal raises StopRequested
-    right away. A second Ctrl-C raises KeyboardInterrupt at once: the last checkpoint on disk is kept.
+    right away. Ctrl-C after a first stop signal raises KeyboardInterrupt at once: the last checkpoint is kept.
     """
 
     def __init__(self, announce: bool = True):
@@ -51,7 +51,7 @@ class StopSignals:
 
     def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
-        if self.received == "SIGINT" and name == "SIGINT":
+        if self.received is not None and name == "SIGINT":  # someone at the terminal who will not wait
             raise KeyboardInterrupt
         if self.received is None:
             self.received = name

@@ -6,6 +6,7 @@ so their exit codes are the ones a requeue script reads.
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import torch
 
 from languini import checkpoint, run_folder
 from languini.experiment import REPO_ROOT, main
-from languini.stop import EXIT_UNFINISHED
+from languini.stop import EXIT_UNFINISHED, STOP_SIGNALS, StopRequested, StopSignals
 from projects.gpt import configs
 from projects.gpt.model import Model
 
@@ -108,6 +109,21 @@ def test_unreadable_latest_checkpoint_falls_back_to_the_previous_one(default_cor
     assert "previous checkpoint" in continued.stdout and "(step 4)" in continued.stdout
     assert log_rows(run) == log_rows(whole_run)
     assert results(run) == results(whole_run)
+
+
+def test_stop_signals_are_recorded_then_end_the_final_evaluation_and_ctrl_c_after_one_quits():
+    handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    with StopSignals(announce=False) as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.received == "SIGTERM" and stop.agreed(1, torch.device("cpu"))
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    with StopSignals(announce=False) as stop:
+        stop.stop_at_once()
+        with pytest.raises(StopRequested, match="SIGUSR1 before the final evaluation"):
+            os.kill(os.getpid(), signal.SIGUSR1)
+    assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == handlers
 
 
 def test_checkpoint_is_flushed_before_its_rename_and_the_previous_one_kept(tmp_path, monkeypatch):
