@@ -27,6 +27,7 @@ from languini.books import SLOW_EVAL_PROTOCOLS, BooksDataset, TrainBatches
 from languini.compute_class import DEFAULT_REFERENCE_HARDWARE
 from languini.evaluation import Evaluator, evaluate_splits
 from languini.flags import arg
+from languini.stop import StopSignals
 
 
 @dataclass
@@ -66,7 +67,9 @@ class TrainConfig:
     tokenizer: str | None = arg(None, "SentencePiece model of the data, if not inside the data folder")
     out_dir: str = arg("runs", "where run folders go")
     run_name: str | None = arg(None, "run folder name; None: project_config_class_batch_seed")
-    resume: bool = arg(False, "continue the run in the run folder from its checkpoint (true/false)")
+    resume: str = arg("false", "continue the run in the run folder from its checkpoint: true, false, or auto "
+                               "(continue if there is a checkpoint, else start; for requeued jobs)")
+    overwrite: bool = arg(False, "replace the run already in the run folder by a fresh one (true/false)")
     wandb: bool = arg(False, "log to Weights & Biases (true/false; offline without an API key)")
     wandb_project: str = arg("languini", "Weights & Biases project")
     tensorboard: bool = arg(False, "log to TensorBoard (true/false; needs the tensorboard package)")
@@ -175,7 +178,7 @@ class Trainer:
                  dataset: BooksDataset, bytes_per_token: torch.Tensor, run_dir: Path, total_steps: int,
                  tokens_per_second: float | None, reference_hardware: str, flops_per_forward: float | None = None,
                  device: torch.device | None = None, ddp: Dist | None = None, extra_results: dict | None = None,
-                 decode=None):
+                 decode=None, resume: bool = False):
         self.project, self.config_name, self.model_cfg, self.tcfg = project, config_name, model_cfg, tcfg
         self.dataset, self.run_dir, self.total_steps = dataset, run_dir, total_steps
         self.tokens_per_second, self.reference_hardware = tokens_per_second, reference_hardware
@@ -215,8 +218,13 @@ class Trainer:
                                    tcfg.slow_eval_last_n)
         self.eval_split = "valid" if "valid" in dataset.splits else "test"
         self.step = 0
-        if tcfg.resume:
-            self._restore(checkpoint.load(run_dir, self.device))
+        self.log_rows = None  # rows of log.jsonl when the checkpoint resumed from was saved
+        self.keep_previous_checkpoint = True
+        if resume:
+            ckpt, path = checkpoint.load(run_dir, self.device, warn=print if self.ddp.main else lambda _: None)
+            # after a fallback the unreadable latest is overwritten and the good previous one kept
+            self.keep_previous_checkpoint = path.name == checkpoint.CHECKPOINT
+            self._restore(ckpt)
 
     # -- bookkeeping -------------------------------------------------------------------------------------
     def position(self, step: int) -> dict:
@@ -245,14 +253,21 @@ class Trainer:
         if self.scaler and ckpt["scaler"]:
             self.scaler.load_state_dict(ckpt["scaler"])
         checkpoint.set_rng_state(ckpt["rng"])
-        self.step, self.states = ckpt["step"], ckpt["states"]
+        self.step, self.states, self.log_rows = ckpt["step"], ckpt["states"], ckpt.get("log_rows")
 
-    def save(self):
+    def save(self, log_rows: int | None = None):
+        """Checkpoint the state after the last completed step; log_rows: rows of log.jsonl written by then."""
+        keep = self.keep_previous_checkpoint
         if self.ddp.world_size > 1:
-            checkpoint.save_rank_states(self.run_dir, self.ddp.rank, self.step, self.states)
+            checkpoint.save_rank_states(self.run_dir, self.ddp.rank, self.step, self.states, keep)
             dist.barrier()  # the main checkpoint only once every process has its states on disk
         if self.ddp.main:
-            checkpoint.save(self.run_dir, self._state_dict())
+            checkpoint.save(self.run_dir, {**self._state_dict(), "log_rows": log_rows}, keep)
+        self.keep_previous_checkpoint = True
+
+    def _checkpoint(self, log):
+        log.sync()
+        self.save(log.rows)
 
     # -- training ----------------------------------------------------------------------------------------
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -289,7 +304,8 @@ class Trainer:
     def stateful(self) -> bool:
         return any(s is not None for s in self.states)
 
-    def train(self, log) -> None:
+    def train(self, log, stop: StopSignals | None = None) -> None:
+        """Train to the last step (or --stop_at_step); after a stop signal, to the end of the current step."""
         tcfg, total = self.tcfg, self.total_steps
         eval_every = tcfg.eval_every or max(total // 10, 1)
         ckpt_every = tcfg.checkpoint_every or eval_every
@@ -299,8 +315,11 @@ class Trainer:
         prefetch = ThreadPoolExecutor(1)  # batches depend only on the step, so the next one loads meanwhile
         future = prefetch.submit(self.batches, self.step)
         t_last, step_last = time.perf_counter(), self.step
+        saved_step = self.step  # the step of the checkpoint on disk (or of the start)
         try:
             while self.step < last:
+                if stop is not None and stop.agreed(self.ddp.world_size, self.device):
+                    break  # all processes stop after the same step
                 x, y = future.result()
                 if self.step + 1 < last:
                     future = prefetch.submit(self.batches, self.step + 1)
@@ -326,15 +345,15 @@ class Trainer:
                     result = self.evaluator.fast(self.model, self.dataset.books(self.eval_split)).as_dict()
                     log.write({"event": "eval", **self.position(self.step), "split": self.eval_split,
                                "mode": "fast", **result})
-                    bar.write(f"step {self.step}: {self.eval_split} normalised perplexity "
-                              f"{result['normalised_perplexity']:.4f}")
+                    if self.ddp.main:  # tqdm.write prints even where the bar is disabled
+                        bar.write(f"step {self.step}: {self.eval_split} normalised perplexity "
+                                  f"{result['normalised_perplexity']:.4f}")
                     t_last, step_last = time.perf_counter(), self.step  # throughput counts training time only
                 if self.step % ckpt_every == 0 or self.step == last:
-                    self.save()
-        except KeyboardInterrupt:
-            self.save()  # the state after the last completed step
-            bar.write(f"Interrupted: checkpoint of step {self.step} saved; continue with --resume true.")
-            raise
+                    self._checkpoint(log)
+                    saved_step = self.step
+            if self.step != saved_step:  # stopped by a signal between checkpoints
+                self._checkpoint(log)
         finally:
             prefetch.shutdown(wait=True)
             bar.close()
@@ -367,6 +386,4 @@ class Trainer:
 
 
 def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    checkpoint.write_atomically(path, lambda f: f.write((json.dumps(data, indent=2) + "\n").encode()))

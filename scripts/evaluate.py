@@ -82,7 +82,7 @@ def main(argv=None) -> dict | None:
     args = parse_args(argv)
     try:
         return evaluate(args)
-    except (DataError, ValueError, FileNotFoundError) as e:
+    except (DataError, ValueError, FileNotFoundError, checkpoint.CheckpointError) as e:
         sys.exit(f"error: {e}")
 
 
@@ -92,9 +92,9 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     device = torch.device(f"cuda:{ddp.local_rank}" if torch.cuda.is_available() else "cpu")
     run_dir = Path(args.run_dir)
     run = load_run(run_dir)
-    if not (run_dir / checkpoint.CHECKPOINT).exists():
+    if not checkpoint.exists(run_dir):
         raise FileNotFoundError(f"{run_dir} holds no {checkpoint.CHECKPOINT}: nothing to evaluate.")
-    ckpt = checkpoint.load(run_dir, device)
+    ckpt, _ = checkpoint.load(run_dir, device)  # the previous checkpoint, with a warning, if the latest is unreadable
     out = Path(args.out) if args.out else run_dir / RESULTS
     results = json.loads(out.read_text()) if out.exists() else {}
     if results.get("steps", ckpt["step"]) != ckpt["step"]:
