@@ -4,16 +4,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import os
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from languini import compute_class, default_corpus, evaluation, flops, measure, throughput, tokenizer
+from languini import (compute_class, data_check, default_corpus, evaluation, flops, measure, run_folder, throughput,
+                      tokenizer)
 from languini.books import BooksDataset, DataError
+from languini.evaluation import describe_slow_protocol
+from languini.checkpoint import CheckpointError
 from languini.flags import add_dataclass_flags, overrides
 from languini.logs import RunLog
+from languini.stop import EXIT_UNFINISHED, StopRequested, StopSignals
 from languini.trainer import (Dist, NonFiniteLoss, Trainer, TrainConfig, eval_every_max_batches, eval_interval,
                               init_distributed, precision_for, progress_split, write_json)
 
@@ -21,6 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO_ROOT / "data"
 CPU_CONFIG = "cpu"
 CPU_MEASURE_STEPS, CPU_MEASURE_WARMUP = 10, 2  # timing a model on this CPU when the registry has no row for it
+RUN_CONFIG = "config.json"
 
 
 def build_parser(project: str, configs) -> argparse.ArgumentParser:
@@ -55,7 +61,8 @@ def load_data(tcfg: TrainConfig, model_cfg, say, ddp: Dist) -> tuple[BooksDatase
     return ds, model_cfg
 
 
-def bytes_table(ds: BooksDataset, tcfg: TrainConfig, vocab_size: int) -> torch.Tensor:
+def load_tokenizer(ds: BooksDataset, tcfg: TrainConfig, vocab_size: int):
+    """The data's SentencePiece model: normalised perplexity counts the bytes and characters it decodes to."""
     path = Path(tcfg.tokenizer) if tcfg.tokenizer else ds.tokenizer_path()
     if path is None or not path.exists():
         raise DataError(f"Normalised perplexity needs the data's SentencePiece model to count bytes; none in {ds.dir}. "
@@ -63,7 +70,7 @@ def bytes_table(ds: BooksDataset, tcfg: TrainConfig, vocab_size: int) -> torch.T
     sp = tokenizer.load(path)
     if sp.get_piece_size() != vocab_size:
         raise DataError(f"The tokenizer {path} has {sp.get_piece_size()} tokens but the model's vocab is {vocab_size}.")
-    return torch.from_numpy(tokenizer.bytes_per_token(sp))
+    return sp
 
 
 @torch.no_grad()
@@ -77,7 +84,8 @@ def eval_work(dataset: BooksDataset, tcfg: TrainConfig, seq_len: int, steps: int
     """The evaluation a run of `steps` steps will do with these eval settings, in token positions."""
     held_out = [s for s in dataset.splits if s != "train"]
     final = sum(evaluation.fast_positions(dataset.books(s), tcfg.eval_batch_size, seq_len, tcfg.eval_max_batches)
-                + evaluation.slow_positions(dataset.books(s), seq_len, tcfg.slow_eval_max_windows, stateful)
+                + evaluation.slow_positions(dataset.books(s), seq_len, tcfg.slow_eval_max_windows, stateful,
+                                            tcfg.slow_eval, tcfg.slow_eval_last_n)
                 for s in held_out)
     each = evaluation.fast_positions(dataset.books(progress_split(dataset.splits)), tcfg.eval_batch_size, seq_len,
                                      eval_every_max_batches(tcfg))
@@ -120,13 +128,25 @@ def row_record(row: throughput.ThroughputRow | None, tokens_per_second: float | 
 def main(project: str, configs, model_cls, argv: list[str] | None = None) -> dict | None:
     args = build_parser(project, configs).parse_args(argv)
     try:
-        return run(project, configs, model_cls, args)
+        # SIGTERM/SIGUSR1/SIGINT: the run stops after its current step with a checkpoint and exits unfinished
+        with StopSignals(announce=int(os.environ.get("RANK", "0")) == 0) as stop:
+            return run(project, configs, model_cls, args, stop)
+    except StopRequested as e:  # exit code EXIT_UNFINISHED tells a requeue script to run the same command again
+        if e.announce:
+            command = run_folder.continue_command(project, sys.argv[1:] if argv is None else argv,
+                                                  int(os.environ.get("WORLD_SIZE", "1")))
+            print(f"{e}\nContinue with the same command and --resume auto:\n  {command}", flush=True)
+        sys.exit(EXIT_UNFINISHED)
+    except KeyboardInterrupt:  # Ctrl-C after a first stop signal
+        print("Interrupted at once: the run's last checkpoint is kept; continue with --resume auto.", file=sys.stderr)
+        sys.exit(130)
     except (DataError, ValueError, FileExistsError, FileNotFoundError, throughput.ThroughputNotFoundError,
-            NonFiniteLoss) as e:
+            NonFiniteLoss, CheckpointError) as e:
         sys.exit(f"error: {e}")
 
 
-def run(project: str, configs, model_cls, args: argparse.Namespace) -> dict | None:
+def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSignals | None = None) -> dict | None:
+    stop = stop or StopSignals()  # not installed: never stops
     ddp = init_distributed()
     say = print if ddp.main else (lambda *a, **k: None)
     device = torch.device(f"cuda:{ddp.local_rank}" if torch.cuda.is_available() else "cpu")
@@ -150,7 +170,8 @@ def run(project: str, configs, model_cls, args: argparse.Namespace) -> dict | No
     model_cfg = configs.get(config_name, **overrides(args, configs.ModelConfig))
 
     dataset, model_cfg = load_data(tcfg, model_cfg, say, ddp)
-    bytes_per_token = bytes_table(dataset, tcfg, model_cfg.vocab_size)
+    sp = load_tokenizer(dataset, tcfg, model_cfg.vocab_size)
+    bytes_per_token = torch.from_numpy(tokenizer.bytes_per_token(sp))
 
     local_hw = throughput.local_device_name(device)
     model = throughput.model_spec(project, config_name, model_cfg)
@@ -204,9 +225,13 @@ def run(project: str, configs, model_cls, args: argparse.Namespace) -> dict | No
     run_name = tcfg.run_name or (f"{project}_{config_name}_{tcfg.compute_class or f'{steps}steps'}"
                                  f"_bs{tcfg.batch_size}_seed{tcfg.seed}")
     run_dir = Path(tcfg.out_dir) / run_name
-    if (run_dir / "checkpoint.pt").exists() and not tcfg.resume:
-        raise FileExistsError(f"{run_dir} already holds a run; continue it with --resume true "
-                              "or start another with --run_name NAME.")
+    resume = run_folder.start_or_continue(run_dir, tcfg.resume, tcfg.overwrite, say, ddp.main)
+    finished = run_folder.finished_results(run_dir, dataclasses.asdict(model_cfg), steps) if resume else None
+    if finished is not None:
+        say(f"{run_dir} is finished (results.json of {finished.get('finished')}): nothing left to train or "
+            "evaluate. Train it again with --overwrite true, or another run with --run_name NAME.")
+        return finished
+    data_check.check_run_data(dataset, say, ddp.rank, ddp.world_size)  # a bad file fails now, not after training
     if ddp.main:
         run_dir.mkdir(parents=True, exist_ok=True)
 
@@ -214,24 +239,31 @@ def run(project: str, configs, model_cls, args: argparse.Namespace) -> dict | No
     trainer = Trainer(project=project, config_name=config_name, model_cfg=model_cfg, model_cls=model_cls,
                       tcfg=tcfg, dataset=dataset, bytes_per_token=bytes_per_token, run_dir=run_dir,
                       total_steps=steps, tokens_per_second=tok_s, reference_hardware=tcfg.reference_hardware,
-                      flops_per_forward=fwd_flops, device=device, ddp=ddp,
+                      flops_per_forward=fwd_flops, device=device, ddp=ddp, decode=sp.decode, resume=resume,
                       extra_results={"model_fingerprint": model.fingerprint, "model_flags": model.flags,
                                      "throughput_row": row_record(row, tcfg.tokens_per_second)})
     trainer.peak_flops = peak.flops_per_second if peak else None
     config = {"project": project, "config": config_name, "model": dataclasses.asdict(model_cfg),
               "train": dataclasses.asdict(tcfg), "steps": steps}
+    if ddp.main:  # what scripts/evaluate.py needs to rebuild the model and its data
+        write_json(run_dir / RUN_CONFIG, config)
     log = RunLog(run_dir, config, tcfg.wandb, tcfg.wandb_project, tcfg.tensorboard, enabled=ddp.main,
-                 resume_step=trainer.step if tcfg.resume else None)
+                 resume_step=trainer.step if resume else None, resume_rows=trainer.log_rows)
     say(f"{sum(p.numel() for p in trainer.model.parameters()):,} parameters, {trainer.precision} on {local_hw}"
         f"{f' x {ddp.world_size}' if ddp.world_size > 1 else ''}; run folder {run_dir}")
     try:
-        trainer.train(log)
+        trainer.train(log, stop)
         if trainer.step < steps:
+            if stop.received:
+                saved = f"its checkpoint is saved in {run_dir}" if trainer.step else "nothing was trained yet"
+                raise StopRequested(f"Stopped by {stop.received} after step {trainer.step} of {steps}; {saved}.",
+                                    ddp.main)
             say(f"Stopped after step {trainer.step} of {steps} as asked; continue with --resume true.")
             return None
-        slow = ("the stream read once, state carried" if trainer.stateful
-                else "windows moved by a quarter, their last quarter scored")
-        say(f"Final evaluation (fast: all predictions of eval batches; slow: {slow}):")
+        stop.agreed(ddp.world_size, device)
+        stop.stop_at_once()  # the last step's checkpoint is on disk: a signal may end the evaluation at once
+        say(f"Final evaluation (fast: all predictions of eval batches; slow: "
+            f"{describe_slow_protocol(trainer.evaluator.slow_protocol_for(trainer.stateful))}):")
         results = trainer.results(trainer.final_evaluation(log), tcfg.compute_class)
     finally:
         log.close()

@@ -6,7 +6,7 @@ import torch
 
 from languini.books import END_OF_DOC, BooksDataset
 from languini import evaluation
-from languini.evaluation import Evaluator, normalised_perplexity, scored_loss
+from languini.evaluation import Evaluator, count_chars, normalised_perplexity, score_batch
 from tests.core.test_books import VOCAB, book, write_official
 
 
@@ -15,15 +15,36 @@ def test_normalised_perplexity_by_hand():
     assert normalised_perplexity(math.log(2) + math.log(4), 4) == pytest.approx(8 ** 0.25)
 
 
-def test_scored_loss_by_hand():
-    # Vocab of 4; position 0 predicts token 1 with p = 1/2, position 1 is masked out, position 2 uniform.
-    logits = torch.log(torch.tensor([[[1 / 6, 1 / 2, 1 / 6, 1 / 6], [1, 0, 0, 0], [1 / 4] * 4]]))
-    targets = torch.tensor([[1, 2, 3]])
-    mask = torch.tensor([[True, False, True]])
-    bytes_per_token = torch.tensor([0, 3, 5, 1])
-    loss, tokens, n_bytes = scored_loss(logits, targets, mask, bytes_per_token)
-    assert loss.item() == pytest.approx(math.log(2) + math.log(4))
-    assert tokens.item() == 2 and n_bytes.item() == 3 + 1
+def test_score_batch_by_hand():
+    # Vocab of 12; position 0 predicts token 1 with p = 1/2 (its most likely), position 1 is masked out,
+    # position 2 gives its target 3 the 11th largest probability, position 3 the 2nd largest.
+    p0 = [0.05] * 12
+    p0[1] = 0.45
+    p2 = [0.1] * 10 + [0.0, 0.0]
+    p2[3], p2[10] = 0.0, 0.1  # probability 0 for token 3: only one other token is also 0
+    p3 = [0.05] * 12
+    p3[0], p3[3] = 0.3, 0.2
+    probs = torch.tensor([[p0, [1.0] + [0.0] * 11, [q + 1e-9 for q in p2], p3]])
+    targets = torch.tensor([[1, 2, 3, 3]])
+    mask = torch.tensor([[True, False, True, True]])
+    bytes_per_token = torch.tensor([0, 3, 5, 1] + [2] * 8)
+    loss, tokens, n_bytes, top1, top10 = score_batch(torch.log(probs), targets, mask, bytes_per_token).tolist()
+    assert loss == pytest.approx(-math.log(0.45 / sum(p0)) - math.log(1e-9 / (1 + 12e-9)) - math.log(0.2 / 1.0),
+                                 rel=1e-5)
+    assert (tokens, n_bytes, top1, top10) == (3, 3 + 1 + 1, 1, 2)
+
+
+def test_chars_are_counted_row_by_row_over_the_scored_targets():
+    seen = []
+
+    def decode(rows):
+        seen.extend(rows)
+        return ["é" * len(row) for row in rows]
+
+    targets = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    mask = torch.tensor([[False, True, True], [True, False, False]])
+    assert count_chars(targets, mask, decode) == 3
+    assert seen == [[6, 7], [8]]
 
 
 class Uniform(torch.nn.Module):
@@ -47,17 +68,64 @@ def data(tmp_path):
     return BooksDataset(tmp_path, VOCAB)
 
 
-def test_uniform_model_scores_log_vocab_per_token(data):
+def one_char_per_token(rows):  # "é": 1 character, 2 bytes (the byte table below), for every token
+    return ["é" * len(row) for row in rows]
+
+
+def test_uniform_model_scores_log_vocab_per_token_in_both_conventions(data):
     bytes_per_token = torch.full((VOCAB,), 2)
     bytes_per_token[END_OF_DOC] = 0  # control tokens decode to no text
-    ev = Evaluator(bytes_per_token, VOCAB, seq_len=4, device=torch.device("cpu"), batch_size=2)
+
+    def decode(rows):  # 1 character per token but none for END_OF_DOC, as the byte table says
+        return ["é" * sum(t != END_OF_DOC for t in row) for row in rows]
+
+    ev = Evaluator(bytes_per_token, VOCAB, seq_len=4, device=torch.device("cpu"), batch_size=2, decode=decode,
+                   slow_protocol="every_target")
     # Fast: streams [book 9 tokens] and [book 4, book 6] -> 10 and 12 tokens with separators, 9 + 11 targets,
     # 3 of them end-of-document. Slow: one stream of 22 tokens, 21 targets.
     for result, targets in ((ev.fast(Uniform(), data.books("test")), 20),
                             (ev.slow(Uniform(), data.books("test"), stateful=False), 21)):
         assert result.tokens == targets
         assert result.loss_sum == pytest.approx(targets * math.log(VOCAB))
-        assert result.bytes == 2 * (targets - 3)
+        assert result.bytes == 2 * (targets - 3) and result.chars == targets - 3
+        row = result.as_dict()
+        assert row["normalised_perplexity"] == pytest.approx(math.exp(targets * math.log(VOCAB) / (2 * (targets - 3))))
+        assert row["normalised_perplexity_chars"] == pytest.approx(math.exp(targets * math.log(VOCAB) / (targets - 3)))
+
+
+@pytest.mark.parametrize("protocol,last_n,scored", [("last_n", None, 21 - 3), ("last_n", 2, 21 - 2),
+                                                     ("every_target", None, 21)])
+def test_slow_protocols_score_the_targets_they_promise(data, protocol, last_n, scored):
+    # One stream of 22 tokens (targets 1..21) in windows of 4. last_n (default 4 // 4 = 1): targets 4..21;
+    # last_n 2: targets 3..21; every_target: all 21.
+    ev = Evaluator(torch.ones(VOCAB, dtype=torch.long), VOCAB, seq_len=4, device=torch.device("cpu"), batch_size=3,
+                   decode=one_char_per_token, slow_protocol=protocol, slow_last_n=last_n)
+    result = ev.slow(Uniform(), data.books("test"), stateful=False)
+    assert (result.tokens, result.bytes, result.chars) == (scored, scored, scored)
+    assert ev.slow_protocol_for(stateful=False) == {"protocol": protocol, "window": 4, "last_n": last_n or 1}
+
+
+class NextTokens(torch.nn.Module):
+    """Ranks tokens x+1 .. x+10 above all others after token x: x+1 first at window positions 1 and 2, tenth
+    (below x+2 .. x+10) at positions 0 and 3."""
+
+    def forward(self, x, state=None):
+        logits = torch.full((*x.shape, VOCAB), -30.0)
+        following = (x.unsqueeze(-1) + torch.arange(1, 11)) % VOCAB
+        ranks = torch.tensor([30.0] + [20.0] * 9).expand(*x.shape, 10).clone()
+        ranks[:, ::3, 1:] = 40.0
+        return logits.scatter_(2, following, ranks), None
+
+
+def test_top_k_accuracy_by_hand(data):
+    # Fast eval, batch 1: the stream 100..108 EOD 200..203 EOD 300..305 EOD in windows of 4, so target t
+    # (1..21) sits at window position (t - 1) % 4. Targets that are not their input + 1 are t = 9, 10, 14, 15,
+    # 21 (book ends and starts): top-10 hits 21 - 5 = 16. Top-1 hits: t at positions 1 or 2 (t = 2, 3, 6, 7,
+    # 10, 11, 14, 15, 18, 19) but not 10, 14, 15: 7.
+    ev = Evaluator(torch.ones(VOCAB, dtype=torch.long), VOCAB, seq_len=4, device=torch.device("cpu"), batch_size=1)
+    result = ev.fast(NextTokens(), data.books("test")).as_dict()
+    assert result["scored_tokens"] == 21
+    assert result["top1_accuracy"] == pytest.approx(7 / 21) and result["top10_accuracy"] == pytest.approx(16 / 21)
 
 
 def test_slow_eval_of_a_stateful_model_carries_its_state(data):

@@ -1,6 +1,7 @@
 """The trainer end to end on CPU: exact resume, non-finite loss, bad input, data parallel = accumulation."""
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from languini import experiment, throughput
 from languini.books import BooksDataset
 from languini.experiment import REPO_ROOT, main
 from languini.measure import Measurement
-from languini.trainer import TrainConfig, Trainer, lr_factor
+from languini.trainer import TrainConfig, Trainer, ramp_times_cosine, warmup_then_cosine
 from projects.gpt import configs
 from projects.gpt.model import Model
 
@@ -26,11 +27,47 @@ def train_losses(run_dir):
     return [(r["step"], r["loss"]) for r in rows if r["event"] == "train"]
 
 
-def test_lr_schedule_by_hand():
-    assert lr_factor(0, 100, 10, 0.01) == pytest.approx(0.1)
-    assert lr_factor(9, 100, 10, 0.01) == pytest.approx(1.0)
-    assert lr_factor(55, 100, 10, 0.01) == pytest.approx(0.01 + 0.99 * 0.5)  # half-way through the cosine
-    assert lr_factor(100, 100, 10, 0.01) == pytest.approx(0.01)  # decayed by 100x
+def test_warmup_then_cosine_by_hand():
+    assert warmup_then_cosine(0, 100, 10, 0.01) == pytest.approx(0.1)
+    assert warmup_then_cosine(9, 100, 10, 0.01) == pytest.approx(1.0)
+    assert warmup_then_cosine(55, 100, 10, 0.01) == pytest.approx(0.01 + 0.99 * 0.5)  # half-way through the cosine
+    assert warmup_then_cosine(100, 100, 10, 0.01) == pytest.approx(0.01)  # decayed by 100x
+
+
+def test_ramp_times_cosine_by_hand():
+    # The official schedule, 1,000 steps, warm-up 200: optimiser step s uses the factor of count c = s + 1,
+    # min(c, 200) / 200 * (0.01 + 0.99 * (1 + cos(pi * c / 1000)) / 2).
+    cos_pi_10, cos_pi_5 = math.sqrt(10 + 2 * math.sqrt(5)) / 4, (1 + math.sqrt(5)) / 4  # cos(pi/10), cos(pi/5)
+    first = 1 / 200 * (0.01 + 0.99 * (1 + math.cos(math.pi / 1000)) / 2)
+    assert ramp_times_cosine(0, 1000, 200, 0.01) == pytest.approx(first)
+    assert ramp_times_cosine(99, 1000, 200, 0.01) == pytest.approx(0.5 * (0.01 + 0.99 * (1 + cos_pi_10) / 2))
+    assert ramp_times_cosine(199, 1000, 200, 0.01) == pytest.approx(0.01 + 0.99 * (1 + cos_pi_5) / 2)
+    assert ramp_times_cosine(499, 1000, 200, 0.01) == pytest.approx(0.505)  # cos(pi/2) = 0
+    assert ramp_times_cosine(999, 1000, 200, 0.01) == pytest.approx(0.01)  # the last step: decayed by 100x
+    # A run shorter than the warm-up never reaches the peak: its last step is half-ramped and fully decayed.
+    assert ramp_times_cosine(99, 100, 200, 0.01) == pytest.approx(0.5 * 0.01)
+    # At step 100 of 1,000 the official rate is 0.4925 of the peak, warmup_then_cosine's (warm-up 100) the peak.
+    assert ramp_times_cosine(100, 1000, 200, 0.01) == pytest.approx(0.4925, abs=5e-5)
+    assert warmup_then_cosine(100, 1000, 100, 0.01) == 1.0
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of:UserWarning")
+@pytest.mark.parametrize("schedule,step,factor", [
+    ("ramp_times_cosine", 0, 1 / 200 * (0.01 + 0.99 * (1 + math.cos(math.pi / 1000)) / 2)),
+    ("ramp_times_cosine", 499, 0.505),
+    ("warmup_then_cosine", 0, 1 / 100),  # warm-up cut to a tenth of the run
+    ("warmup_then_cosine", 99, 1.0),
+])
+def test_trainer_follows_the_schedule_it_is_given(default_corpus_root, tmp_path, schedule, step, factor):
+    cfg = configs.get("cpu", d_model=16, n_layers=1, n_heads=2, d_head=8, seq_len=8)
+    assert TrainConfig().lr_schedule == "ramp_times_cosine" and TrainConfig().warmup_steps == 200  # the official
+    tcfg = TrainConfig(batch_size=2, lr_schedule=schedule)
+    trainer = Trainer(project="gpt", config_name="cpu", model_cfg=cfg, model_cls=Model, tcfg=tcfg,
+                      dataset=BooksDataset(default_corpus_root, 2048), bytes_per_token=torch.ones(2048),
+                      run_dir=tmp_path, total_steps=1000, tokens_per_second=1.0, reference_hardware="cpu")
+    for _ in range(step):
+        trainer.schedulers[0].step()
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(6e-4 * factor)
 
 
 class SparseEmbeddingGPT(Model):
@@ -64,6 +101,12 @@ def test_killed_and_resumed_run_has_the_losses_of_an_uninterrupted_one(default_c
     results = json.loads((run_b / "results.json").read_text())
     assert results["steps"] == 8 and results["tokens_seen"] == 8 * 4 * 32
     assert set(results["eval"]["slow"]) == {"valid", "test", "ood_series"}
+    slow = results["eval"]["slow"]["test"]
+    assert (slow["protocol"], slow["window"], slow["last_n"]) == ("last_n", 32, 32 // 4)  # the official default
+    for row in (results["eval"]["fast"]["test"], slow):
+        assert row["scored_chars"] <= row["scored_bytes"]  # so per character is the higher perplexity
+        assert row["normalised_perplexity_chars"] >= row["normalised_perplexity"] > 1
+        assert 0 <= row["top1_accuracy"] <= row["top10_accuracy"] <= 1
 
 
 def test_sparse_group_updates_only_rows_read(default_corpus_root, tmp_path):
@@ -115,6 +158,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(default_corpus
      "measure_throughput.py gpt cpu --seq_len 32 --d_model 32 --n_layers 1 --n_heads 2 --d_head 16 --sweep"),
     (["--compute_class", "6 hours"], "not understood"),
     (["--max_steps", "1", "--batch_size", "5", "--micro_batches", "2"], "not divisible into 2 micro-batches"),
+    (["--max_steps", "1", "--slow_eval_last_n", "64"], "slow_eval_last_n must be in 1..seq_len"),
 ])
 def test_bad_input_gives_one_clear_error(default_corpus_root, tmp_path, extra, message):
     args = TINY + ["--data_root", str(default_corpus_root), "--out_dir", str(tmp_path)] + extra
@@ -135,10 +179,28 @@ def test_existing_run_is_not_overwritten(default_corpus_root, tmp_path):
         main("gpt", configs, Model, args)
 
 
+class ByteTokenizer:
+    """Stands for a vocabulary the default corpus was not tokenised with, in dry runs: every token one byte."""
+
+    def __init__(self, vocab_size):
+        self.vocab_size = vocab_size
+
+    def get_piece_size(self):
+        return self.vocab_size
+
+    def is_control(self, i):
+        return False
+
+    is_unknown = is_control
+
+    def is_byte(self, i):
+        return True
+
+
 def test_dry_run_prints_the_paper_plan(default_corpus_root, tmp_path, monkeypatch, capsys):
     # The paper's rows are of its models, vocabulary 16384 included: give the default corpus's books under that name.
     (tmp_path / "books_16384").symlink_to(default_corpus_root / "books_2048", target_is_directory=True)
-    monkeypatch.setattr(experiment, "bytes_table", lambda ds, tcfg, vocab_size: torch.ones(vocab_size))
+    monkeypatch.setattr(experiment, "load_tokenizer", lambda ds, tcfg, vocab_size: ByteTokenizer(vocab_size))
     assert main("gpt", configs, Model, ["--config", "small", "--compute_class", "6h", "--dry_run", "true",
                                          "--data_root", str(tmp_path), "--vocab_size", "16384"]) is None
     out = capsys.readouterr().out
@@ -159,7 +221,7 @@ def test_cpu_path_times_a_model_with_another_vocabulary_instead_of_reusing_a_row
                                                                                    monkeypatch, capsys):
     """Issue 13: the cpu config on book data (vocab 16384) is another model than on the default corpus (2048)."""
     (tmp_path / "books_16384").symlink_to(default_corpus_root / "books_2048", target_is_directory=True)
-    monkeypatch.setattr(experiment, "bytes_table", lambda ds, tcfg, vocab_size: torch.ones(vocab_size))
+    monkeypatch.setattr(experiment, "load_tokenizer", lambda ds, tcfg, vocab_size: ByteTokenizer(vocab_size))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     timed = []
     monkeypatch.setattr(experiment.measure, "measure_batch_size", lambda model, cfg, batch, *rest: timed.append(

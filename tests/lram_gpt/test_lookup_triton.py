@@ -134,7 +134,10 @@ def test_sparse_value_gradient_matches_dense_and_reference(K, n_rows, dtype, dev
     grad_out = torch.randn(n_rows, 40, generator=torch.Generator().manual_seed(0)).to(device)  # as reference_and_triton
     interpolate_triton(q_s, v_s, K, value_grad="atomic", sparse=True).backward(grad_out)
     assert v_s.grad.layout == torch.sparse_coo and v_s.grad.dtype == dtype
-    torch.testing.assert_close(q_s.grad, gq_dense, rtol=0, atol=0)
+    # The same formula, but compiled in another specialisation of the backward kernel (other constexpr flags),
+    # where a compiler may contract or order its fp32 sums of topk x M = 1280 products (of order 1) otherwise:
+    # about sqrt(1280) x 6e-8 = 2e-6 relative; the reference and the kernel differ by 3e-7 relative here.
+    torch.testing.assert_close(q_s.grad, gq_dense, rtol=1e-5, atol=1e-5)
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(v_s.grad.to_dense().float(), gv_ref, atol=tolerance, rtol=tolerance)
     torch.testing.assert_close(v_s.grad.to_dense(), gv_dense, atol=tolerance, rtol=tolerance)
