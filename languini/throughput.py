@@ -275,10 +275,12 @@ def lookup(path: Path | str, model: ModelSpec, hardware: str, compiled: bool = F
     elsewhere = sorted({f"{r.hardware}{' (compiled)' if r.compiled else ''}" for r in same_model})
     lines = [f"no throughput for {model} on {hardware!r} ({mode}) in {display_path(path)}; "
              f"it has rows for this model on: {', '.join(elsewhere) or 'no hardware'}."]
-    named = [r for r in rows if r.config == model.config and not r.model_flags and hardware_matches(r.hardware, hardware)]
-    if model.flags and named:
-        lines.append(f"The rows of the unmodified '{model.config}' config are not used: the flags change the model, "
-                     "and a compute class buys tokens at the throughput of the model trained.")
+    other_flags = sorted({r.model_flags for r in rows if r.config == model.config
+                          and hardware_matches(r.hardware, hardware) and r.model_fingerprint != model.fingerprint})
+    if other_flags:
+        flags = ", ".join(f or "none" for f in other_flags)
+        lines.append(f"The rows of '{model.config}' with other model flags ({flags}) are not used: they are of other "
+                     "models, and a compute class buys tokens at the throughput of the model trained.")
     lines += [f"Measure it on the {hardware} with", f"    {measure_command(model, path, compiled)}"]
     baseline = _derive_baseline(model, hardware)
     if baseline is not None:

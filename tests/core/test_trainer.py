@@ -209,11 +209,12 @@ def test_dry_run_prints_the_paper_plan(default_corpus_root, tmp_path, monkeypatc
 
 def test_paper_class_on_a_cpu_says_what_it_means(default_corpus_root, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    main("gpt", configs, Model, ["--compute_class", "24h", "--dry_run", "true", "--data_root", str(default_corpus_root)])
+    given = ["--dry_run", "true", "--data_root", str(default_corpus_root), "--tokens_per_second", "24000"]
+    main("gpt", configs, Model, ["--compute_class", "24h", *given])
     out = capsys.readouterr().out
     assert "--compute_class 24h means 24h of this CPU training the toy config 'cpu'" in out
     assert "use --compute_class 2m" in out and "--config small" in out
-    main("gpt", configs, Model, ["--compute_class", "2m", "--dry_run", "true", "--data_root", str(default_corpus_root)])
+    main("gpt", configs, Model, ["--compute_class", "2m", *given])
     assert "toy config" not in capsys.readouterr().out
 
 
@@ -236,10 +237,14 @@ def test_cpu_path_times_a_model_with_another_vocabulary_instead_of_reusing_a_row
     assert "4,096 tokens/s (measured on cpu, " in out and "steps                    20\n" in out  # 40960 / 2048
     main("gpt", configs, Model, argv)  # the next run here (or a resumed one) plans with the row kept
     assert timed == [16384] and "steps                    20\n" in capsys.readouterr().out
-    # On the default corpus the cpu config's own row is used, and nothing is timed.
-    main("gpt", configs, Model, ["--compute_class", "10s", "--dry_run", "true", "--data_root",
-                                 str(default_corpus_root), "--out_dir", str(tmp_path / "runs")])
+    # On the default corpus the committed row of the cpu config (measured with SDPA attention) is used, and
+    # nothing is timed; the default math attention is another model, timed here.
+    default_corpus = ["--compute_class", "10s", "--dry_run", "true", "--data_root", str(default_corpus_root),
+                      "--out_dir", str(tmp_path / "runs")]
+    main("gpt", configs, Model, default_corpus + ["--attention", "sdpa"])
     assert timed == [16384] and "24,004 tokens/s (measured on cpu, 2026-11-22)" in capsys.readouterr().out
+    main("gpt", configs, Model, default_corpus)
+    assert timed == [16384, 2048] and "No throughput row for gpt cpu (model" in capsys.readouterr().out
 
 
 def test_run_records_its_throughput_row_and_evaluation_time(default_corpus_root, tmp_path, monkeypatch):
