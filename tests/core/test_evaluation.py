@@ -1,6 +1,7 @@
 """Normalised perplexity against hand computations; fast/slow evaluation with known models."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -178,3 +179,38 @@ def test_planned_positions_of_longer_windows_match_the_evaluator(default_corpus_
     model = CountsPositions(False, vocab=2048)
     ev.slow(model, books, stateful=False)
     assert model.positions == evaluation.slow_positions(books, 128, None, stateful=False)
+
+
+@pytest.mark.parametrize("protocol, last_n, seq_len, windows", [
+    # One stream of 22 tokens (targets 1..21). Windows of 8 moved by 2: last_n starts them at 0, 2, ..., 14
+    # (its first scored target is 7); every_target ends them at 8, 10, ..., 20, 21. Both: 8 windows.
+    ("last_n", 2, 8, 8), ("every_target", 2, 8, 8),
+    # Windows of 32, longer than the split: last_n has no target with 32 - 8 tokens of context (none scored,
+    # no window); every_target scores the one window.
+    ("last_n", 8, 32, 0), ("every_target", 8, 32, 1),
+])
+def test_planned_slow_positions_follow_the_protocol(data, protocol, last_n, seq_len, windows):
+    books = data.books("test")
+    planned = evaluation.slow_positions(books, seq_len, None, stateful=False, protocol=protocol, last_n=last_n)
+    assert planned == windows * seq_len
+    ev = Evaluator(torch.ones(VOCAB), VOCAB, seq_len=seq_len, device=torch.device("cpu"), batch_size=3,
+                   slow_protocol=protocol, slow_last_n=last_n)
+    model = CountsPositions(False)
+    ev.slow(model, books, stateful=False)
+    assert model.positions == planned
+
+
+@pytest.mark.filterwarnings("ignore::languini.books.ListLengthWarning")
+def test_planned_positions_read_the_files_when_the_lists_lengths_differ(tmp_path):
+    # The official lists serve every vocabulary: here they say 1 token a book. Streams are balanced by the lists
+    # ([book 9, book 6] and [book 4]: 17 and 5 tokens with separators) but read to the files' ends:
+    # fast ceil(16 / 4) = 4 batches of 2 x 4; slow (stateful) ceil(21 / 4) = 6 windows of 4.
+    write_official(tmp_path, {"train": [book(10, 5)], "test": [book(100, 9), book(200, 4), book(300, 6)]})
+    np.save(tmp_path / "file_list_test_iid.npy", np.array([(f"files/test{i}.npy", "1") for i in range(3)]))
+    books = BooksDataset(tmp_path, VOCAB).books("test")
+    assert evaluation.fast_positions(books, 2, 4, None) == 4 * 2 * 4
+    assert evaluation.slow_positions(books, 4, None, stateful=True) == 6 * 4
+    ev = Evaluator(torch.ones(VOCAB), VOCAB, seq_len=4, device=torch.device("cpu"), batch_size=2, max_batches=None)
+    model = CountsPositions(False)
+    ev.fast(model, books)
+    assert model.positions == 4 * 2 * 4
