@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import json
 import os
 import sys
 from pathlib import Path
@@ -117,6 +118,21 @@ def cpu_row(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainConfig
     return row
 
 
+def budget_of_run(run_dir: Path, steps: int, tok_s: float, row, say) -> tuple:
+    """A resumed run keeps the budget it started with, even if the registry has gained a newer row since."""
+    try:
+        started = json.loads((run_dir / RUN_CONFIG).read_text())
+    except (OSError, ValueError):
+        return steps, tok_s, row
+    if "tokens_per_second" not in started or (started["steps"], started["tokens_per_second"]) == (steps, tok_s):
+        return steps, tok_s, row
+    say(f"Continuing with the budget the run started with: {started['steps']:,} steps at "
+        f"{started['tokens_per_second']:,.0f} tokens/s (the registry now gives {steps:,} steps at {tok_s:,.0f}).")
+    kept = started.get("throughput_row")
+    kept_row = throughput.ThroughputRow(**kept) if kept and "project" in kept else None
+    return started["steps"], started["tokens_per_second"], kept_row
+
+
 def row_record(row: throughput.ThroughputRow | None, tokens_per_second: float | None) -> dict | None:
     """The throughput a run's budget came from, for results.json: the registry row, or the hand-set value."""
     if row is not None:
@@ -226,6 +242,8 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
                                  f"_bs{tcfg.batch_size}_seed{tcfg.seed}")
     run_dir = Path(tcfg.out_dir) / run_name
     resume = run_folder.start_or_continue(run_dir, tcfg.resume, tcfg.overwrite, say, ddp.main)
+    if resume and tcfg.compute_class is not None:
+        steps, tok_s, row = budget_of_run(run_dir, steps, tok_s, row, say)
     finished = run_folder.finished_results(run_dir, dataclasses.asdict(model_cfg), steps) if resume else None
     if finished is not None:
         say(f"{run_dir} is finished (results.json of {finished.get('finished')}): nothing left to train or "
@@ -244,7 +262,8 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
                                      "throughput_row": row_record(row, tcfg.tokens_per_second)})
     trainer.peak_flops = peak.flops_per_second if peak else None
     config = {"project": project, "config": config_name, "model": dataclasses.asdict(model_cfg),
-              "train": dataclasses.asdict(tcfg), "steps": steps}
+              "train": dataclasses.asdict(tcfg), "steps": steps, "tokens_per_second": tok_s,
+              "throughput_row": row_record(row, tcfg.tokens_per_second)}
     if ddp.main:  # what scripts/evaluate.py needs to rebuild the model and its data
         write_json(run_dir / RUN_CONFIG, config)
     log = RunLog(run_dir, config, tcfg.wandb, tcfg.wandb_project, tcfg.tensorboard, enabled=ddp.main,

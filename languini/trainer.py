@@ -239,6 +239,7 @@ class Trainer:
         self.progress_evaluator = evaluator(eval_every_max_batches(tcfg))  # the smaller evaluations during training
         self.eval_split = progress_split(dataset.splits)
         self.step = 0
+        self.train_seconds = 0.0  # wall time of the training steps so far, evaluations and checkpoints apart
         self.log_rows = None  # rows of log.jsonl when the checkpoint resumed from was saved
         self.keep_previous_checkpoint = True
         if resume:
@@ -258,7 +259,8 @@ class Trainer:
                 "schedulers": [s.state_dict() for s in self.schedulers],
                 "scaler": self.scaler.state_dict() if self.scaler else None,
                 "rng": checkpoint.rng_state(), "step": self.step, "states": self.states,
-                "model_config": dataclasses.asdict(self.model_cfg), "total_steps": self.total_steps}
+                "model_config": dataclasses.asdict(self.model_cfg), "total_steps": self.total_steps,
+                "train_wall_seconds": self.train_seconds}
 
     def _restore(self, ckpt: dict):
         if ckpt["model_config"] != dataclasses.asdict(self.model_cfg) or ckpt["total_steps"] != self.total_steps:
@@ -275,6 +277,7 @@ class Trainer:
             self.scaler.load_state_dict(ckpt["scaler"])
         checkpoint.set_rng_state(ckpt["rng"])
         self.step, self.states, self.log_rows = ckpt["step"], ckpt["states"], ckpt.get("log_rows")
+        self.train_seconds = ckpt.get("train_wall_seconds", 0.0)
 
     def save(self, log_rows: int | None = None):
         """Checkpoint the state after the last completed step; log_rows: rows of log.jsonl written by then."""
@@ -336,8 +339,7 @@ class Trainer:
         prefetch = ThreadPoolExecutor(1)  # batches depend only on the step, so the next one loads meanwhile
         future = prefetch.submit(self.batches, self.step)
         t_mark = time.perf_counter()  # the end of the last step or pause
-        train_seconds = 0.0  # wall time of training steps in this process, evaluations and checkpoints apart
-        step_logged, seconds_logged = self.step, train_seconds
+        step_logged, seconds_logged = self.step, self.train_seconds
         saved_step = self.step  # the step of the checkpoint on disk (or of the start)
         try:
             while self.step < last:
@@ -352,14 +354,14 @@ class Trainer:
                         f"Loss is {loss} at step {self.step + 1}. Training stopped; the last good checkpoint in "
                         f"{self.run_dir} is kept. Try a lower --lr, --grad_clip 1.0 or --precision bf16/fp32.")
                 self.step += 1
-                train_seconds += time.perf_counter() - t_mark
+                self.train_seconds += time.perf_counter() - t_mark
                 bar.update(1)
                 if self.step % tcfg.log_every == 0 or self.step == last:
-                    tok_s = (self.step - step_logged) * self.tokens_per_step / (train_seconds - seconds_logged)
-                    step_logged, seconds_logged = self.step, train_seconds
+                    tok_s = (self.step - step_logged) * self.tokens_per_step / (self.train_seconds - seconds_logged)
+                    step_logged, seconds_logged = self.step, self.train_seconds
                     row = {"event": "train", **self.position(self.step), "loss": loss,
                            "lr": self.schedulers[0].get_last_lr()[0], "tokens_per_second_local": tok_s,
-                           "train_wall_seconds": train_seconds}
+                           "train_wall_seconds": self.train_seconds}
                     if self.flops_per_forward and getattr(self, "peak_flops", None):
                         row["mfu"] = flops.mfu(self.flops_per_forward, self.seq_len, tok_s, self.peak_flops)
                     log.write(row)
@@ -401,6 +403,7 @@ class Trainer:
             "seq_len": self.seq_len, "steps": self.step, "tokens_seen": pos["tokens"],
             "accelerator_seconds": pos["accelerator_seconds"],
             "accelerator_hours": pos["accelerator_seconds"] / 3600 if pos["accelerator_seconds"] is not None else None,
+            "train_wall_seconds": self.train_seconds,
             "parameters": sum(p.numel() for p in self.model.parameters()),
             "flops_per_forward": fwd,
             "total_flops": flops.train_flops_per_token(fwd, self.seq_len) * pos["tokens"] if fwd else None,

@@ -268,7 +268,12 @@ def test_run_records_its_throughput_row_and_evaluation_time(default_corpus_root,
     assert during["step"] == 5 and during["scored_tokens"] <= 4 * 32 < final_valid["scored_tokens"]  # capped: 1 batch
     assert all(r["wall_seconds"] > 0 for r in evals)
     train = [r["train_wall_seconds"] for r in log if r["event"] == "train"]
-    assert train == sorted(train) and train[-1] > 0
+    assert train == sorted(train) and train[-1] > 0 and results["train_wall_seconds"] == train[-1]
+    # A newer row for the same model would give 20 steps; the run, continued, keeps the budget it started with.
+    throughput.append_row(registry, dataclasses.replace(row, tokens_per_second=2560.0, date="2026-02-03"))
+    (tmp_path / "r" / "results.json").unlink()
+    continued = main("gpt", configs, Model, args + ["--resume", "true"])
+    assert continued["steps"] == 10 and continued["throughput_row"] == dataclasses.asdict(row)
 
 
 def run_script(project, args, processes=1):
