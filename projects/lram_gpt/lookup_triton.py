@@ -1,20 +1,34 @@
-"""Triton kernels for the lattice memory read phi(q) = sum_k f(|q - k|) v_k (lattice.interpolate is the reference).
+"""Triton kernels for the lattice memory read (memory.theta and lattice.interpolate are the references).
 
-Per query row (one token and head) a program block finds the nearest lattice point, maps the query into the
-fundamental region F, scores all 232 FUNDAMENTAL_POINTS as one [BLOCK, 256] tile, picks the `topk` heaviest
-by repeated arg-max (ties go to the earlier point, as in the reference's stable sort), and accumulates
-weight * values[index] in fp32 from fp32 or bf16 values. The backward pass recomputes the lookup instead of
-storing it and returns
-    dL/dq      = -sum_k (g . v_k) u_k^3 (q - k)     with u_k = 1 - |q - k|^2 / 8, so f = u^4,
-    dL/dv_k   += f(|q - k|) g                      by atomics ("atomic") or, without atomics, by sorting the
-                                                   (row, slot) pairs by memory index and summing each
-                                                   index's segment ("segment").
-With sparse=True the value gradient is a sparse COO tensor holding only the rows read: the segment sums
-(unique sorted indices, one summed row each) written compactly instead of into a dense [N, m] table.
-The harmonic scale and the arg of theta stay in torch (memory.theta), so their gradients are autograd's.
-BLOCK_ROWS, SEGMENT_BLOCK and the default value_grad="atomic" are untuned: no GPU has timed them yet.
+One program of one warp serves one lookup (a token's head), so no step needs more than the warp:
+1. torus query (fused): the head's 16 inputs z give the harmonic scale s and q_i = K_i / (2 pi) arg z_i
+   (arg by a polynomial: the interpreter has no atan2); or q is given (interpolate_triton, lookup_triton).
+2. the nearest lattice point c and the signed permutation into the fundamental region F (paper 2.6), z_F.
+3. d2 = |z_F - p|^2 for the 232 FUNDAMENTAL_POINTS p, 8 per lane.
+4. the exact top-k by a threshold search on the count of d2 below it (warp reductions, no sort): probes
+   interpolate the count as a function of d2^4 (a ball's volume), every third probe bisects; it stops when
+   exactly k lie below. If two candidates share the boundary's d2 exactly, the earlier point wins, as in the
+   reference's stable sort. The chosen candidates are written compacted (prefix sum) to a per-slot buffer.
+5. per slot (one lane each): the lattice point, its memory index (int32) and weight u^4, u = 1 - d2/8.
+6. the weighted sum of the k value rows (fp32 or bf16, fp32 accumulation), all rows loaded at once as a
+   [k, m] tile, scaled by s and written in the output dtype (fused cast).
+The forward saves what the backward needs (per slot the memory index and the candidate; per lookup z_F, the
+permutation and signs packed in one int32, and s), so the backward does not select again. Per lookup it
+gathers the k rows once for a_k = g . v_k and returns
+    dL/dz_F = -s sum_k a_k u_k^3 (z_F - p_k)        (mapped back to q, then through the torus query)
+    dL/ds   = sum_k u_k^4 a_k
+    dL/dv_k += s u_k^4 g                             by relaxed atomics ("atomic"), or without per-entry atomics
+                                                     ("segment"): entries sorted by int32 memory index, each
+                                                     chunk of the sorted list sums its runs and stores them,
+                                                     runs cut by a chunk's edge are added atomically. No
+                                                     host synchronisation on the dense path.
+With sparse=True the value gradient is a sparse COO tensor of the rows read (the segment sums written
+compactly; the number of rows read is the one host synchronisation of that path).
+scripts/kernel_cost.py prints what each kernel costs per lookup (projects/lram_gpt/kernel_cost.csv).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -30,281 +44,435 @@ from projects.lram_gpt.lattice import (
 )
 
 VALUE_GRAD_METHODS = ("atomic", "segment")
-POINTS_PAD = 256  # the 232 points padded to a power of two for the score tile
-BLOCK_ROWS = 16
-SEGMENT_BLOCK = 32
+HEAD_INPUTS = 2 * DIM
+POINTS_PAD = 256  # the 232 points padded to a power of two, 8 per lane
+SEGMENT_BLOCK = 64  # sorted (row, slot) entries per program of the segment sums
 COORDS = tl.constexpr(DIM)  # compiled kernels may read a global only if it is a constexpr
+FIRST_PROBE = tl.constexpr(8.0)  # d2 = 8 is the kernel's support: ~65 points lie below it (paper Table 1)
+PROBE_CEILING = tl.constexpr(40.0)  # above every candidate's d2 (|z_F| <= 2, |p| <= 4), below the padding's
+PADDING_D2 = 1e30
+TINY = tl.constexpr(torch.finfo(torch.float32).tiny)
+PI = tl.constexpr(math.pi)
+HALF_PI = tl.constexpr(math.pi / 2)
+# atan(a) / a as a polynomial in a^2 on [0, 1]: a least-squares fit, max error 1e-7 rad in fp32 arithmetic.
+A0, A1, A2, A3, A4, A5, A6, A7, A8 = (tl.constexpr(c) for c in (
+    1.0, -0.3333309292793274, 0.19993020594120026, -0.14206823706626892, 0.1065329760313034, -0.07530403137207031,
+    0.042997024953365326, -0.016254819929599762, 0.0028960001654922962))
+
+
+@triton.jit
+def _atan2(y, x):
+    ax = tl.abs(x)
+    ay = tl.abs(y)
+    big = tl.maximum(ax, ay)
+    a = tl.minimum(ax, ay) / tl.where(big == 0.0, 1.0, big)
+    s = a * a
+    p = A8 * s + A7
+    p = p * s + A6
+    p = p * s + A5
+    p = p * s + A4
+    p = p * s + A3
+    p = p * s + A2
+    p = p * s + A1
+    p = p * s + A0
+    r = a * p
+    r = tl.where(ay > ax, HALF_PI - r, r)
+    r = tl.where(x < 0.0, PI - r, r)
+    return tl.where(y < 0.0, -r, r)
 
 
 @triton.jit
 def _nearest_d8(y, cols):
-    """Nearest point of D8 to each row of y [BLOCK, 8] (Conway & Sloane): round, fix an odd sum."""
+    """Nearest point of D8 to y [8] (Conway & Sloane): round, then fix an odd sum at the worst coordinate."""
     rounded = tl.floor(y + 0.5)
     residual = y - rounded
-    total = tl.sum(rounded, axis=1)
+    total = tl.sum(rounded, axis=0)
     odd = (total - 2.0 * tl.floor(total * 0.5)) != 0.0
-    worst = tl.argmax(tl.abs(residual), axis=1, tie_break_left=True)
+    worst = tl.argmax(tl.abs(residual), axis=0, tie_break_left=True)
     step = tl.where(residual >= 0.0, 1.0, -1.0)
-    fix = (cols[None, :] == worst[:, None]) & odd[:, None]
-    return rounded + tl.where(fix, step, 0.0)
+    return rounded + tl.where(cols == worst, tl.where(odd, step, 0.0), 0.0)
 
 
 @triton.jit
-def _locate(q, cols, points_t_ptr, N_POINTS: tl.constexpr, POINTS: tl.constexpr):
-    """Nearest point, isometry into F and the [BLOCK, POINTS] tile of u = max(0, 1 - d^2/8) (-1 on padding)."""
-    even = 2.0 * _nearest_d8(q * 0.5, cols)
-    odd = 2.0 * _nearest_d8((q - 1.0) * 0.5, cols) + 1.0
-    d_even = tl.sum((q - even) * (q - even), axis=1)
-    d_odd = tl.sum((q - odd) * (q - odd), axis=1)
-    center = tl.where((d_odd < d_even)[:, None], odd, even)
-    offset = q - center
-    # position[i]: rank of |offset_i| in descending order, equal magnitudes keep coordinate order.
-    mag = tl.abs(offset)
-    mag_i = mag[:, :, None]
-    mag_j = mag[:, None, :]
-    ahead = (mag_j > mag_i) | ((mag_j == mag_i) & (cols[None, None, :] < cols[None, :, None]))
-    position = tl.sum(ahead.to(tl.int32), axis=2)
-    negative = offset < 0.0
-    odd_negatives = (tl.sum(negative.to(tl.int32), axis=1) % 2) == 1
-    sign = tl.where(negative, -1.0, 1.0)
-    sign = tl.where((position == COORDS - 1) & odd_negatives[:, None], -sign, sign)
-    signed = sign * offset
-    moved = position[:, :, None] == cols[None, None, :]
-    z = tl.sum(tl.where(moved, signed[:, :, None], 0.0), axis=1)
-
-    point_ids = tl.arange(0, POINTS)
-    squared = tl.zeros((q.shape[0], POINTS), dtype=tl.float32)
-    for k in tl.static_range(COORDS):
-        z_k = tl.sum(tl.where(cols[None, :] == k, z, 0.0), axis=1)
-        p_k = tl.load(points_t_ptr + k * POINTS + point_ids)
-        diff = z_k[:, None] - p_k[None, :]
-        squared += diff * diff
-    closeness = tl.maximum(1.0 - squared * 0.125, 0.0)
-    closeness = tl.where(point_ids[None, :] < N_POINTS, closeness, -1.0)
-    return center, position, sign, closeness
-
-
-@triton.jit
-def _take_heaviest(closeness, center, position, sign, points_ptr, half_periods, strides, half_memory, cols,
-                   POINTS: tl.constexpr):
-    """Remove the heaviest point of each row from the tile; return it as (tile, u, lattice point, index)."""
-    best, which = tl.max(closeness, axis=1, return_indices=True, return_indices_tie_break_left=True)
-    closeness = tl.where(tl.arange(0, POINTS)[None, :] == which[:, None], -1.0, closeness)
-    point = tl.load(points_ptr + which[:, None] * COORDS + position)
-    lattice_point = center + sign * point
-    coords = lattice_point.to(tl.int32)
-    parity = tl.sum(tl.where(cols[None, :] == 0, coords & 1, 0), axis=1)
-    digit = (coords - parity[:, None]) >> 1  # exact halving of an even number, floor for negatives
-    digit = ((digit % half_periods[None, :]) + half_periods[None, :]) % half_periods[None, :]
-    digit = tl.where(cols[None, :] == COORDS - 1, digit >> 1, digit)
-    index = parity.to(tl.int64) * half_memory + tl.sum(digit.to(tl.int64) * strides[None, :], axis=1)
-    return closeness, best, lattice_point, index
+def _torus_query(z_ptr, freq_ptr, row, cols):
+    """Harmonic scale and lattice coordinates q [8] of one head's 16 inputs, as memory.torus_query."""
+    re = tl.load(z_ptr + row * (2 * COORDS) + cols).to(tl.float32)
+    im = tl.load(z_ptr + row * (2 * COORDS) + COORDS + cols).to(tl.float32)
+    squared = re * re + im * im
+    modulus = tl.sqrt(tl.maximum(squared, TINY))
+    scale = 1.0 / tl.sum(1.0 / modulus, axis=0)
+    angle = _atan2(im, tl.where(squared == 0.0, 1.0, re))
+    return scale, angle * tl.load(freq_ptr + cols)
 
 
 @triton.jit
 def _forward_kernel(
-    q_ptr, values_ptr, out_ptr, index_ptr, weight_ptr,
-    half_periods_ptr, strides_ptr, points_ptr, points_t_ptr,
-    n_rows, half_memory, M,
-    M_PAD: tl.constexpr, TOPK: tl.constexpr, N_POINTS: tl.constexpr, POINTS: tl.constexpr,
-    BLOCK: tl.constexpr, WRITE_OUTPUT: tl.constexpr, WRITE_LOOKUP: tl.constexpr,
+    x_ptr, values_ptr, out_ptr, cand_ptr, index_ptr, weight_ptr, zf_ptr, frame_ptr, scale_ptr,
+    freq_ptr, half_periods_ptr, strides_ptr, points_t_ptr, norms_ptr, points_ptr,
+    half_memory, M,
+    M_PAD: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, POINTS: tl.constexpr,
+    FROM_Q: tl.constexpr, READ: tl.constexpr, SAVE: tl.constexpr, LOOKUP: tl.constexpr,
 ):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    row_ok = rows < n_rows
+    row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, COORDS)
-    value_cols = tl.arange(0, M_PAD)
-    value_ok = row_ok[:, None] & (value_cols[None, :] < M)
-    q = tl.load(q_ptr + rows[:, None] * COORDS + cols[None, :], mask=row_ok[:, None], other=0.0)
-    half_periods = tl.load(half_periods_ptr + cols)
-    strides = tl.load(strides_ptr + cols)
+    if FROM_Q:
+        q = tl.load(x_ptr + row * COORDS + cols)
+        scale = 1.0
+    else:
+        scale, q = _torus_query(x_ptr, freq_ptr, row, cols)
 
-    center, position, sign, closeness = _locate(q, cols, points_t_ptr, N_POINTS, POINTS)
-    acc = tl.zeros((BLOCK, M_PAD), dtype=tl.float32)
-    for slot in range(TOPK):
-        closeness, u, lattice_point, index = _take_heaviest(
-            closeness, center, position, sign, points_ptr, half_periods, strides, half_memory, cols, POINTS)
-        weight = (u * u) * (u * u)
-        if WRITE_OUTPUT:
-            rows_v = tl.load(values_ptr + index[:, None] * M + value_cols[None, :], mask=value_ok, other=0.0)
-            acc += weight[:, None] * rows_v.to(tl.float32)
-        if WRITE_LOOKUP:
-            tl.store(index_ptr + rows * TOPK + slot, index, mask=row_ok)
-            tl.store(weight_ptr + rows * TOPK + slot, weight, mask=row_ok)
-    if WRITE_OUTPUT:
-        tl.store(out_ptr + rows[:, None] * M + value_cols[None, :], acc, mask=value_ok)
+    # nearest lattice point: the nearer of the nearest points of the cosets 2*D8 and 2*D8 + 1
+    even = 2.0 * _nearest_d8(q * 0.5, cols)
+    odd = 2.0 * _nearest_d8((q - 1.0) * 0.5, cols) + 1.0
+    d_even = tl.sum((q - even) * (q - even), axis=0)
+    d_odd = tl.sum((q - odd) * (q - odd), axis=0)
+    center = tl.where(d_odd < d_even, odd, even)
+    offset = q - center
+    # coordinate i moves to position[i] (falling |offset|, ties in coordinate order) with sign[i]; an odd count
+    # of negative signs flips the last coordinate too, so the sign changes are even
+    mag = tl.abs(offset)
+    ahead = (mag[None, :] > mag[:, None]) | ((mag[None, :] == mag[:, None]) & (cols[None, :] < cols[:, None]))
+    position = tl.sum(ahead.to(tl.int32), axis=1)
+    negative = offset < 0.0
+    odd_negatives = (tl.sum(negative.to(tl.int32), axis=0) % 2) == 1
+    sign = tl.where(negative, -1.0, 1.0)
+    sign = tl.where(position == COORDS - 1, tl.where(odd_negatives, -sign, sign), sign)
+    moved = position[:, None] == cols[None, :]  # [i, j]: coordinate i goes to place j
+    zf = tl.sum(tl.where(moved, (sign * offset)[:, None], 0.0), axis=0)
+    # what the memory index needs per place j: the center, sign, half period, stride of the coordinate there
+    center_f = tl.sum(tl.where(moved, center[:, None], 0.0), axis=0)
+    sign_f = tl.sum(tl.where(moved, sign[:, None], 0.0), axis=0)
+    half_f = tl.sum(tl.where(moved, tl.load(half_periods_ptr + cols)[:, None], 0), axis=0).to(tl.float32)
+    stride_f = tl.sum(tl.where(moved, tl.load(strides_ptr + cols)[:, None], 0), axis=0)
+    last_f = tl.sum(tl.where(moved & (cols[:, None] == COORDS - 1), 1, 0), axis=0) != 0
+
+    # squared distances to the candidates, |p|^2 + |z|^2 - 2 z.p (padding: |p|^2 = 1e30)
+    points = tl.arange(0, POINTS)
+    dot = tl.sum(zf[:, None] * tl.load(points_t_ptr + cols[:, None] * POINTS + points[None, :]), axis=0)
+    d2 = tl.load(norms_ptr + points) + (tl.sum(zf * zf, axis=0) - 2.0 * dot)
+
+    # threshold t with exactly TOPK candidates below it; invariant count(lo) < TOPK < count(hi)
+    lo = tl.full((), 0.0, tl.float32)
+    hi = tl.full((), PROBE_CEILING, tl.float32)
+    count_lo = tl.full((), 0, tl.int32)
+    count_hi = tl.full((), POINTS, tl.int32)
+    t = tl.full((), FIRST_PROBE, tl.float32)
+    count = tl.full((), -1, tl.int32)
+    probes = tl.full((), 0, tl.int32)
+    stalled = tl.full((), 0, tl.int1)
+    while (count != TOPK) & (stalled == 0):
+        count = tl.sum((d2 < t).to(tl.int32), axis=0)
+        below = count < TOPK
+        above = count > TOPK
+        lo = tl.where(below, t, lo)
+        count_lo = tl.where(below, count, count_lo)
+        hi = tl.where(above, t, hi)
+        count_hi = tl.where(above, count, count_hi)
+        probes += 1
+        share = (TOPK + 0.5 - count_lo.to(tl.float32)) / (count_hi - count_lo).to(tl.float32)
+        share = tl.minimum(tl.maximum(share, 0.05), 0.95)
+        lo4 = (lo * lo) * (lo * lo)
+        hi4 = (hi * hi) * (hi * hi)
+        guess = tl.sqrt(tl.sqrt(lo4 + share * (hi4 - lo4)))
+        middle = 0.5 * (lo + hi)
+        guess = tl.where(((probes % 3) == 0) | (guess <= lo) | (guess >= hi), middle, guess)
+        stalled = (guess <= lo) | (guess >= hi)  # lo and hi are neighbouring floats: a tie at lo
+        t = tl.where(count == TOPK, t, guess)
+    tie = count != TOPK
+    threshold = tl.where(tie, lo, t)
+    chosen = (d2 < threshold).to(tl.int32)
+    if tie:  # candidates at exactly d2 = lo fill the remaining slots in point order
+        equal = (d2 == threshold).to(tl.int32)
+        chosen = chosen | (equal & ((tl.cumsum(equal, axis=0) - equal) < TOPK - count_lo).to(tl.int32))
+    slot_of = tl.cumsum(chosen, axis=0) - chosen
+    tl.store(cand_ptr + row * TOPK + slot_of, points.to(tl.int16), mask=chosen != 0)
+    tl.debug_barrier()  # the slots were written by other lanes
+
+    # per slot (a lane each): the lattice point, its memory index and weight
+    slots = tl.arange(0, TOPK_PAD)
+    slot_ok = slots < TOPK
+    cand = tl.load(cand_ptr + row * TOPK + slots, mask=slot_ok, other=0).to(tl.int32)
+    p = tl.load(points_ptr + cand[:, None] * COORDS + cols[None, :]).to(tl.float32)  # [TOPK_PAD, 8]
+    diff = zf[None, :] - p
+    u = tl.maximum(1.0 - tl.sum(diff * diff, axis=1) * 0.125, 0.0)
+    weight = tl.where(slot_ok, (u * u) * (u * u), 0.0)
+    coords = center_f[None, :] + sign_f[None, :] * p  # the lattice point's coordinates, by place
+    parity = tl.sum(tl.where(cols[None, :] == 0, coords, 0.0), axis=1)
+    parity = parity - 2.0 * tl.floor(parity * 0.5)
+    halved = (coords - parity[:, None]) * 0.5  # exact: an even integer halved
+    digit = halved - half_f[None, :] * tl.floor((halved + 0.5) / half_f[None, :])  # mod K/2, exact on integers
+    digit = tl.where(last_f[None, :], tl.floor(digit * 0.5), digit)
+    index = parity.to(tl.int32) * half_memory + tl.sum(digit.to(tl.int32) * stride_f[None, :], axis=1)
+
+    if SAVE:
+        tl.store(index_ptr + row * TOPK + slots, index, mask=slot_ok)
+        tl.store(zf_ptr + row * COORDS + cols, zf)
+        packed = tl.sum(position << (3 * cols), axis=0) | tl.sum((sign < 0.0).to(tl.int32) << (24 + cols), axis=0)
+        tl.store(frame_ptr + row, packed)
+        tl.store(scale_ptr + row, scale)
+    if LOOKUP:
+        tl.store(index_ptr + row * TOPK + slots, index, mask=slot_ok)
+        tl.store(weight_ptr + row * TOPK + slots, weight, mask=slot_ok)
+    if READ:
+        value_cols = tl.arange(0, M_PAD)
+        ok = slot_ok[:, None] & (value_cols[None, :] < M)
+        rows_v = tl.load(values_ptr + index.to(tl.int64)[:, None] * M + value_cols[None, :], mask=ok, other=0.0)
+        phi = tl.sum(weight[:, None] * rows_v.to(tl.float32), axis=0)
+        tl.store(out_ptr + row * M + value_cols, (scale * phi).to(out_ptr.dtype.element_ty), mask=value_cols < M)
 
 
 @triton.jit
 def _backward_kernel(
-    q_ptr, values_ptr, grad_out_ptr, grad_q_ptr, grad_values_ptr, index_ptr, weight_ptr,
-    half_periods_ptr, strides_ptr, points_ptr, points_t_ptr,
-    n_rows, half_memory, M,
-    M_PAD: tl.constexpr, TOPK: tl.constexpr, N_POINTS: tl.constexpr, POINTS: tl.constexpr,
-    BLOCK: tl.constexpr, GRAD_Q: tl.constexpr, GRAD_VALUES_ATOMIC: tl.constexpr, WRITE_LOOKUP: tl.constexpr,
+    x_ptr, values_ptr, grad_out_ptr, grad_x_ptr, grad_values_ptr, slot_weight_ptr,
+    cand_ptr, index_ptr, zf_ptr, frame_ptr, scale_ptr,
+    freq_ptr, points_ptr, M,
+    M_PAD: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, FROM_Q: tl.constexpr,
+    GRAD_X: tl.constexpr, GRAD_VALUES_ATOMIC: tl.constexpr, SAVE_SLOT_WEIGHT: tl.constexpr,
 ):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    row_ok = rows < n_rows
+    row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, COORDS)
+    slots = tl.arange(0, TOPK_PAD)
+    slot_ok = slots < TOPK
     value_cols = tl.arange(0, M_PAD)
-    value_ok = row_ok[:, None] & (value_cols[None, :] < M)
-    q = tl.load(q_ptr + rows[:, None] * COORDS + cols[None, :], mask=row_ok[:, None], other=0.0)
-    grad_out = tl.load(grad_out_ptr + rows[:, None] * M + value_cols[None, :], mask=value_ok, other=0.0)
-    half_periods = tl.load(half_periods_ptr + cols)
-    strides = tl.load(strides_ptr + cols)
+    value_ok = value_cols < M
+    scale = tl.load(scale_ptr + row)
+    zf = tl.load(zf_ptr + row * COORDS + cols)
+    cand = tl.load(cand_ptr + row * TOPK + slots, mask=slot_ok, other=0).to(tl.int32)
+    index = tl.load(index_ptr + row * TOPK + slots, mask=slot_ok, other=0)
+    p = tl.load(points_ptr + cand[:, None] * COORDS + cols[None, :]).to(tl.float32)
+    diff = zf[None, :] - p
+    u = tl.where(slot_ok, tl.maximum(1.0 - tl.sum(diff * diff, axis=1) * 0.125, 0.0), 0.0)
+    weight = (u * u) * (u * u)
+    g = tl.load(grad_out_ptr + row * M + value_cols, mask=value_ok, other=0.0).to(tl.float32)
+    ok = slot_ok[:, None] & value_ok[None, :]
+    if GRAD_VALUES_ATOMIC:
+        tl.atomic_add(grad_values_ptr + index.to(tl.int64)[:, None] * M + value_cols[None, :],
+                      (scale * weight)[:, None] * g[None, :], mask=ok, sem="relaxed")
+    if SAVE_SLOT_WEIGHT:
+        tl.store(slot_weight_ptr + row * TOPK + slots, scale * weight, mask=slot_ok)
+    if GRAD_X:
+        rows_v = tl.load(values_ptr + index.to(tl.int64)[:, None] * M + value_cols[None, :], mask=ok, other=0.0)
+        along = tl.sum(rows_v.to(tl.float32) * g[None, :], axis=1)  # a_k = g . v_k
+        grad_zf = -tl.sum((scale * along * (u * u * u))[:, None] * diff, axis=0)
+        frame = tl.load(frame_ptr + row)
+        position = (frame >> (3 * cols)) & 7
+        sign = tl.where(((frame >> (24 + cols)) & 1) != 0, -1.0, 1.0)
+        grad_q = sign * tl.sum(tl.where(position[:, None] == cols[None, :], grad_zf[None, :], 0.0), axis=1)
+        if FROM_Q:
+            tl.store(grad_x_ptr + row * COORDS + cols, grad_q)
+        else:
+            grad_scale = tl.sum(weight * along, axis=0)  # dL/ds = g . phi
+            re = tl.load(x_ptr + row * (2 * COORDS) + cols).to(tl.float32)
+            im = tl.load(x_ptr + row * (2 * COORDS) + COORDS + cols).to(tl.float32)
+            squared = re * re + im * im
+            modulus = tl.sqrt(tl.maximum(squared, TINY))
+            at_zero = squared == 0.0
+            re_arg = tl.where(at_zero, 1.0, re)
+            # s = 1 / sum(1 / |z_i|), |z_i| = sqrt(max(re^2 + im^2, tiny)); q_i = K_i/(2 pi) atan2(im, re')
+            grad_squared = tl.where(squared >= TINY, grad_scale * scale * scale / (squared * 2.0 * modulus), 0.0)
+            grad_angle = grad_q * tl.load(freq_ptr + cols) / (re_arg * re_arg + im * im)
+            grad_re = 2.0 * re * grad_squared - tl.where(at_zero, 0.0, grad_angle * im)
+            grad_im = 2.0 * im * grad_squared + grad_angle * re_arg
+            tl.store(grad_x_ptr + row * (2 * COORDS) + cols, grad_re)
+            tl.store(grad_x_ptr + row * (2 * COORDS) + COORDS + cols, grad_im)
 
-    center, position, sign, closeness = _locate(q, cols, points_t_ptr, N_POINTS, POINTS)
-    grad_q = tl.zeros((BLOCK, COORDS), dtype=tl.float32)
-    for slot in range(TOPK):
-        closeness, u, lattice_point, index = _take_heaviest(
-            closeness, center, position, sign, points_ptr, half_periods, strides, half_memory, cols, POINTS)
-        if GRAD_Q:
-            rows_v = tl.load(values_ptr + index[:, None] * M + value_cols[None, :], mask=value_ok, other=0.0)
-            along = tl.sum(grad_out * rows_v.to(tl.float32), axis=1)
-            grad_q -= (along * u * u * u)[:, None] * (q - lattice_point)
-        weight = (u * u) * (u * u)
-        if GRAD_VALUES_ATOMIC:
-            tl.atomic_add(grad_values_ptr + index[:, None] * M + value_cols[None, :],
-                          weight[:, None] * grad_out, mask=value_ok)
-        if WRITE_LOOKUP:
-            tl.store(index_ptr + rows * TOPK + slot, index, mask=row_ok)
-            tl.store(weight_ptr + rows * TOPK + slot, weight, mask=row_ok)
-    if GRAD_Q:
-        tl.store(grad_q_ptr + rows[:, None] * COORDS + cols[None, :], grad_q, mask=row_ok[:, None])
+
+@triton.jit
+def _segmented_add(value_a, start_a, value_b, start_b):
+    return tl.where(start_b != 0, value_b, value_a + value_b), start_a | start_b
 
 
 @triton.jit
 def _segment_sum_kernel(
-    grad_out_ptr, weight_ptr, order_ptr, segment_start_ptr, segment_index_ptr, grad_values_ptr, M,
+    sorted_index_ptr, order_ptr, slot_weight_ptr, grad_out_ptr, target_ptr, grad_values_ptr, n_entries, M,
     M_PAD: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr, COMPACT: tl.constexpr,
 ):
-    """Sum of weight * grad_out over one memory index's run of sorted (row, slot) entries, stored at row
-    `index` of a dense gradient, or at row `segment` of a compact one (COMPACT)."""
-    segment = tl.program_id(0)
-    start = tl.load(segment_start_ptr + segment)
-    end = tl.load(segment_start_ptr + segment + 1)
-    if COMPACT:
-        target = segment.to(tl.int64)
-    else:
-        target = tl.load(segment_index_ptr + segment)
-    value_cols = tl.arange(0, M_PAD)
-    acc = tl.zeros((M_PAD,), dtype=tl.float32)
-    for first in range(start, end, BLOCK):
-        entries = first + tl.arange(0, BLOCK)
-        ok = entries < end
-        entry = tl.load(order_ptr + entries, mask=ok, other=0)
-        weight = tl.load(weight_ptr + entry, mask=ok, other=0.0)
-        grad_ok = ok[:, None] & (value_cols[None, :] < M)
-        grad = tl.load(grad_out_ptr + (entry // TOPK)[:, None] * M + value_cols[None, :], mask=grad_ok, other=0.0)
-        acc += tl.sum(weight[:, None] * grad, axis=0)
-    tl.store(grad_values_ptr + target * M + value_cols, acc, mask=value_cols < M)
+    """Sums s u^4 g over the runs of equal memory index in one chunk of the sorted (row, slot) entries.
 
+    A run that starts and ends in the chunk is stored (its row has no other writer); one cut by the chunk's
+    edge is added atomically, so the dense gradient must start at zero."""
+    entries = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = entries < n_entries
+    index = tl.load(sorted_index_ptr + entries, mask=ok, other=-1)
+    before = tl.load(sorted_index_ptr + entries - 1, mask=ok & (entries > 0), other=-1)
+    after = tl.load(sorted_index_ptr + entries + 1, mask=entries + 1 < n_entries, other=-1)
+    entry = tl.load(order_ptr + entries, mask=ok, other=0)
+    slot_weight = tl.load(slot_weight_ptr + entry, mask=ok, other=0.0)
+    value_cols = tl.arange(0, M_PAD)
+    value_ok = value_cols[None, :] < M
+    grad = tl.load(grad_out_ptr + (entry // TOPK)[:, None] * M + value_cols[None, :], mask=ok[:, None] & value_ok,
+                   other=0.0).to(tl.float32)
+    starts = tl.broadcast_to((index != before).to(tl.int32)[:, None], (BLOCK, M_PAD))
+    sums, started_here = tl.associative_scan((slot_weight[:, None] * grad, starts), axis=0,
+                                             combine_fn=_segmented_add)
+    run_end = ok & ((index != after) | (tl.arange(0, BLOCK) == BLOCK - 1))
+    whole = (started_here != 0) & (index != after)[:, None]
+    if COMPACT:
+        target = tl.load(target_ptr + entries, mask=ok, other=0).to(tl.int64)
+    else:
+        target = index.to(tl.int64)
+    pointers = grad_values_ptr + target[:, None] * M + value_cols[None, :]
+    tl.store(pointers, sums, mask=run_end[:, None] & whole & value_ok)
+    tl.atomic_add(pointers, sums, mask=run_end[:, None] & ~whole & value_ok, sem="relaxed")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Launching
+# ---------------------------------------------------------------------------------------------------
 
 _TABLES: dict = {}
 
 
 def _tables(K, device):
-    """Device tensors the kernels read: half periods, index strides, the points and their transpose (padded)."""
+    """Device tables: K/(2 pi), half periods, index strides, points transposed (fp32), |p|^2, points (int16)."""
     key = (K, str(device))
     if key not in _TABLES:
-        points = FUNDAMENTAL_POINTS.to(torch.float32)
+        points = FUNDAMENTAL_POINTS
+        n = points.shape[0]
         points_t = torch.zeros(DIM, POINTS_PAD, dtype=torch.float32)
-        points_t[:, : points.shape[0]] = points.T
-        _TABLES[key] = (
-            torch.tensor([k // 2 for k in K], dtype=torch.int32, device=device),
-            torch.tensor(index_strides(K), dtype=torch.int64, device=device),
-            points.contiguous().to(device),
-            points_t.to(device),
-        )
+        points_t[:, :n] = points.T.float()
+        norms = torch.full((POINTS_PAD,), PADDING_D2, dtype=torch.float32)
+        norms[:n] = (points.float() ** 2).sum(-1)
+        points16 = torch.zeros(POINTS_PAD, DIM, dtype=torch.int16)
+        points16[:n] = points.to(torch.int16)
+        periods = torch.tensor(K, dtype=torch.float32)
+        _TABLES[key] = tuple(t.to(device) for t in (
+            periods / (2 * math.pi),  # as memory.torus_query computes it
+            torch.tensor([k // 2 for k in K], dtype=torch.int32),
+            torch.tensor(index_strides(K), dtype=torch.int32),
+            points_t, norms, points16))
     return _TABLES[key]
 
 
-def _check(q: torch.Tensor, K, topk: int, values: torch.Tensor | None = None):
+def _check(x: torch.Tensor, K, topk: int, width: int, values: torch.Tensor | None = None):
     K = check_torus(K)
-    if q.shape[-1] != DIM:
-        raise ValueError(f"queries must have 8 coordinates in the last dimension, got shape {tuple(q.shape)}")
+    what = "queries must have 8 coordinates" if width == DIM else "each head needs 16 inputs (re_1..re_8, im_1..im_8)"
+    if x.shape[-1] != width:
+        raise ValueError(f"{what} in the last dimension, got shape {tuple(x.shape)}")
     if not 1 <= topk <= FUNDAMENTAL_POINTS.shape[0]:
         raise ValueError(f"topk must be in [1, {FUNDAMENTAL_POINTS.shape[0]}], got {topk}")
+    if memory_size(K) >= 2**31:
+        raise ValueError(f"the torus {K} has {memory_size(K)} locations; the kernels index at most 2^31 - 1")
     if values is not None:
         if values.dim() != 2 or values.shape[0] != memory_size(K):
             raise ValueError(f"values must be [{memory_size(K)}, m] for the torus {K}, got {tuple(values.shape)}")
-        if values.device != q.device:
-            raise ValueError(f"values on {values.device} but queries on {q.device}; move them to one device")
+        if values.device != x.device:
+            raise ValueError(f"values on {values.device} but queries on {x.device}; move them to one device")
     return K
 
 
-def _launch_args(q_rows, K, M):
-    half_periods, strides, points, points_t = _tables(K, q_rows.device)
-    grid = (triton.cdiv(q_rows.shape[0], BLOCK_ROWS),)
-    pointers = (half_periods, strides, points, points_t)
-    scalars = (q_rows.shape[0], memory_size(K) // 2, M)
-    meta = dict(M_PAD=triton.next_power_of_2(max(M, 1)), N_POINTS=FUNDAMENTAL_POINTS.shape[0],
-                POINTS=POINTS_PAD, BLOCK=BLOCK_ROWS)
-    return grid, pointers, scalars, meta
+def _meta(topk, M):
+    return dict(M_PAD=triton.next_power_of_2(max(M, 1)), TOPK=topk, TOPK_PAD=triton.next_power_of_2(topk))
 
 
-class _Interpolate(torch.autograd.Function):
+def _forward(x_rows, values, K, topk, from_q, read, save, lookup, out_dtype=torch.float32):
+    """Launch the forward kernel; returns its buffers (out, cand, index, weight, zf, frame, scale)."""
+    n, device = x_rows.shape[0], x_rows.device
+    M = values.shape[1] if read else 0
+    freq, half_periods, strides, points_t, norms, points16 = _tables(K, device)
+    out = torch.empty(n, M, dtype=out_dtype, device=device)
+    cand = torch.empty(n, topk, dtype=torch.int16, device=device)
+    index = torch.empty(n, topk, dtype=torch.int32, device=device) if save or lookup else cand
+    weight = torch.empty(n, topk, dtype=torch.float32, device=device) if lookup else out
+    zf = torch.empty(n, DIM, dtype=torch.float32, device=device) if save else out
+    frame = torch.empty(n, dtype=torch.int32, device=device) if save else cand
+    scale = torch.empty(n, dtype=torch.float32, device=device) if save else out
+    if n:
+        _forward_kernel[(n,)](
+            x_rows, values if read else out, out, cand, index, weight, zf, frame, scale,
+            freq, half_periods, strides, points_t, norms, points16, memory_size(K) // 2, M,
+            POINTS=POINTS_PAD, FROM_Q=from_q, READ=read, SAVE=save, LOOKUP=lookup, num_warps=1, **_meta(topk, M))
+    return out, cand, index, weight, zf, frame, scale
+
+
+class _Read(torch.autograd.Function):
+    """theta (from_q False: x holds the heads' 16 inputs) or phi (from_q True: x holds q) by the kernels."""
+
     @staticmethod
-    def forward(ctx, q, values, K, topk, value_grad, sparse):
-        q_rows = q.reshape(-1, DIM).to(torch.float32).contiguous()
+    def forward(ctx, x, values, K, topk, value_grad, sparse, from_q, out_dtype):
+        x_rows = x.reshape(-1, x.shape[-1]).contiguous()
+        if from_q:
+            x_rows = x_rows.to(torch.float32)
         values_c = values.contiguous()
-        M = values.shape[1]
-        out = torch.empty(q_rows.shape[0], M, dtype=torch.float32, device=q.device)
-        grid, pointers, scalars, meta = _launch_args(q_rows, K, M)
-        _forward_kernel[grid](q_rows, values_c, out, out, out, *pointers, *scalars,
-                              TOPK=topk, WRITE_OUTPUT=True, WRITE_LOOKUP=False, **meta)
-        ctx.save_for_backward(q_rows, values_c)
-        ctx.K, ctx.topk, ctx.value_grad, ctx.sparse = K, topk, value_grad, sparse
-        ctx.q_shape, ctx.q_dtype = q.shape, q.dtype
-        return out.view(*q.shape[:-1], M)
+        save = any(ctx.needs_input_grad[:2])
+        out, cand, index, _, zf, frame, scale = _forward(x_rows, values_c, K, topk, from_q, True, save, False,
+                                                         out_dtype)
+        ctx.save_for_backward(x_rows, values_c, cand, index, zf, frame, scale)
+        ctx.K, ctx.topk, ctx.value_grad, ctx.sparse, ctx.from_q = K, topk, value_grad, sparse, from_q
+        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
+        return out.view(*x.shape[:-1], values.shape[1])
 
     @staticmethod
     def backward(ctx, grad_out):
-        q_rows, values = ctx.saved_tensors
+        x_rows, values, cand, index, zf, frame, scale = ctx.saved_tensors
         K, topk = ctx.K, ctx.topk
-        n_rows, M = q_rows.shape[0], values.shape[1]
-        grad_rows = grad_out.reshape(n_rows, M).to(torch.float32).contiguous()
-        need_q, need_values = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        n, M = x_rows.shape[0], values.shape[1]
+        grad_rows = grad_out.reshape(n, M).contiguous()
+        need_x, need_values = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         segment = need_values and (ctx.value_grad == "segment" or ctx.sparse)
         atomic = need_values and not segment
-
-        grad_q = torch.empty_like(q_rows) if need_q else q_rows
         dense = need_values and not ctx.sparse
+        grad_x = torch.empty(x_rows.shape, dtype=torch.float32, device=x_rows.device) if need_x else scale
         grad_values = torch.zeros(values.shape, dtype=torch.float32, device=values.device) if dense else None
-        index = torch.empty(n_rows * topk, dtype=torch.int64, device=q_rows.device) if segment else q_rows
-        weight = torch.empty(n_rows * topk, dtype=torch.float32, device=q_rows.device) if segment else q_rows
-        grid, pointers, scalars, meta = _launch_args(q_rows, K, M)
-        _backward_kernel[grid](
-            q_rows, values, grad_rows, grad_q, grad_values if atomic else q_rows, index, weight,
-            *pointers, *scalars, TOPK=topk, GRAD_Q=need_q, GRAD_VALUES_ATOMIC=atomic, WRITE_LOOKUP=segment, **meta)
+        slot_weight = torch.empty(n, topk, dtype=torch.float32, device=x_rows.device) if segment else scale
+        freq, _, _, _, _, points16 = _tables(K, x_rows.device)
+        if n and (need_x or need_values):
+            _backward_kernel[(n,)](
+                x_rows, values, grad_rows, grad_x, grad_values if atomic else scale, slot_weight,
+                cand, index, zf, frame, scale, freq, points16, M, FROM_Q=ctx.from_q, GRAD_X=need_x,
+                GRAD_VALUES_ATOMIC=atomic, SAVE_SLOT_WEIGHT=segment, num_warps=1, **_meta(topk, M))
         if segment:
-            rows_read, sums = _segment_sum(grad_rows, index, weight, grad_values, topk)
+            grad_values = _segment_sum(grad_rows, index, slot_weight, grad_values, topk, values.shape)
             if ctx.sparse:
-                grad_values = torch.sparse_coo_tensor(rows_read[None], sums.to(values.dtype), values.shape,
+                rows_read, sums = grad_values
+                grad_values = torch.sparse_coo_tensor(rows_read[None].long(), sums.to(values.dtype), values.shape,
                                                       is_coalesced=True, check_invariants=False)
-        grad_q = grad_q.view(ctx.q_shape).to(ctx.q_dtype) if need_q else None
         if dense:
             grad_values = grad_values.to(values.dtype)
-        return grad_q, grad_values, None, None, None, None
+        grad_x = grad_x.view(ctx.x_shape).to(ctx.x_dtype) if need_x else None
+        return grad_x, grad_values, None, None, None, None, None, None
 
 
-def _segment_sum(grad_rows, index, weight, grad_values, topk):
-    """Value gradient without atomics: sort (row, slot) entries by index, one program sums each index's run.
-
-    Sums into the rows of grad_values [N, M]; with grad_values None into a new compact fp32 table [U, M].
-    Returns (the U unique memory indices read, in rising order; the table written).
-    """
-    sorted_index, order = torch.sort(index, stable=True)
-    segment_index, counts = torch.unique_consecutive(sorted_index, return_counts=True)
-    segment_start = torch.zeros(counts.shape[0] + 1, dtype=torch.int64, device=index.device)
-    segment_start[1:] = counts.cumsum(0)
-    M = grad_rows.shape[1]
+def _segment_sum(grad_rows, index, slot_weight, grad_values, topk, shape):
+    """Value gradient without per-entry atomics: sort the (row, slot) entries by their int32 memory index, then
+    each program sums the runs of one chunk. Into grad_values [N, M] (zeros); with grad_values None into a
+    compact table: returns (the U memory indices read, rising; their [U, M] sums)."""
+    sorted_index, order = torch.sort(index.reshape(-1))
+    n_entries, M = sorted_index.shape[0], shape[1]
     compact = grad_values is None
+    target = sorted_index
     if compact:
-        grad_values = torch.empty(segment_index.shape[0], M, dtype=torch.float32, device=index.device)
-    _segment_sum_kernel[(segment_index.shape[0],)](
-        grad_rows, weight, order, segment_start, segment_index, grad_values, M,
-        M_PAD=triton.next_power_of_2(max(M, 1)), TOPK=topk, BLOCK=SEGMENT_BLOCK, COMPACT=compact)
-    return segment_index, grad_values
+        starts = torch.ones_like(sorted_index, dtype=torch.bool)
+        starts[1:] = sorted_index[1:] != sorted_index[:-1]
+        target = (torch.cumsum(starts, 0, dtype=torch.int32) - 1)
+        rows_read = sorted_index[starts]  # the one host synchronisation: the sparse tensor's size
+        grad_values = torch.zeros(rows_read.shape[0], M, dtype=torch.float32, device=index.device)
+    if n_entries:
+        _segment_sum_kernel[(triton.cdiv(n_entries, SEGMENT_BLOCK),)](
+            sorted_index, order, slot_weight, grad_rows, target, grad_values, n_entries, M,
+            M_PAD=triton.next_power_of_2(max(M, 1)), TOPK=topk, BLOCK=SEGMENT_BLOCK, COMPACT=compact)
+    return (rows_read, grad_values) if compact else grad_values
+
+
+def _check_value_grad(value_grad):
+    if value_grad not in VALUE_GRAD_METHODS:
+        raise ValueError(f"value_grad must be one of {VALUE_GRAD_METHODS}, got {value_grad!r}")
+
+
+@torch.compiler.disable
+def theta_triton(z: torch.Tensor, values: torch.Tensor, K, topk: int = DEFAULT_TOPK, value_grad: str = "atomic",
+                 sparse: bool = False, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """memory.theta for heads z [..., 16] (fp32, bf16 or fp16) from values [N, m] (fp32 or bf16), in one kernel.
+
+    Returns [..., m] in out_dtype: by default the autocast dtype where autocast is on, else float32.
+    value_grad and sparse: see interpolate_triton.
+    """
+    K = _check(z, K, topk, HEAD_INPUTS, values)
+    _check_value_grad(value_grad)
+    if out_dtype is None:
+        device_type = z.device.type
+        out_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else torch.float32
+    return _Read.apply(z, values, K, topk, value_grad, sparse, False, out_dtype)
 
 
 @torch.compiler.disable
@@ -312,25 +480,74 @@ def interpolate_triton(q: torch.Tensor, values: torch.Tensor, K, topk: int = DEF
                        value_grad: str = "atomic", sparse: bool = False) -> torch.Tensor:
     """phi(q) for queries q [..., 8] from values [N, m] (fp32 or bf16); fp32 [..., m], differentiable in both.
 
-    value_grad picks how a dense value gradient is accumulated: "atomic" (atomic adds) or "segment"
-    (sort by memory index, then one sum per index, no atomics). sparse=True makes the value gradient a
-    coalesced sparse COO tensor of the rows read (always by the segment sums), as nn.Embedding(sparse=True).
+    value_grad picks how a dense value gradient is accumulated: "atomic" (relaxed atomic adds) or "segment"
+    (sort by memory index, then sums of runs). sparse=True makes the value gradient a coalesced sparse COO
+    tensor of the rows read (always by the segment sums), as nn.Embedding(sparse=True).
     """
-    K = _check(q, K, topk, values)
-    if value_grad not in VALUE_GRAD_METHODS:
-        raise ValueError(f"value_grad must be one of {VALUE_GRAD_METHODS}, got {value_grad!r}")
-    return _Interpolate.apply(q, values, K, topk, value_grad, sparse)
+    K = _check(q, K, topk, DIM, values)
+    _check_value_grad(value_grad)
+    return _Read.apply(q, values, K, topk, value_grad, sparse, True, torch.float32)
 
 
 @torch.compiler.disable
 @torch.no_grad()
 def lookup_triton(q: torch.Tensor, K, topk: int = DEFAULT_TOPK):
     """lattice.lookup by the kernel: (index int64 [..., topk], weight fp32 [..., topk]), falling weight."""
-    K = _check(q, K, topk)
+    K = _check(q, K, topk, DIM)
     q_rows = q.reshape(-1, DIM).to(torch.float32).contiguous()
-    index = torch.empty(q_rows.shape[0], topk, dtype=torch.int64, device=q.device)
-    weight = torch.empty(q_rows.shape[0], topk, dtype=torch.float32, device=q.device)
-    grid, pointers, scalars, meta = _launch_args(q_rows, K, 0)
-    _forward_kernel[grid](q_rows, q_rows, q_rows, index, weight, *pointers, *scalars,
-                          TOPK=topk, WRITE_OUTPUT=False, WRITE_LOOKUP=True, **meta)
+    _, _, index, weight, _, _, _ = _forward(q_rows, q_rows, K, topk, True, False, False, True)
+    # slots come in point order, so a stable sort by falling weight orders equal weights as the reference
+    weight, order = torch.sort(weight, dim=-1, descending=True, stable=True)
+    index = index.long().gather(-1, order)
     return index.view(*q.shape[:-1], topk), weight.view(*q.shape[:-1], topk)
+
+
+# ---------------------------------------------------------------------------------------------------
+# What scripts/kernel_cost.py needs: the selection's trip count, lookups per program, bytes per lookup
+# ---------------------------------------------------------------------------------------------------
+
+def threshold_probes(q: torch.Tensor, topk: int = DEFAULT_TOPK) -> torch.Tensor:
+    """How many counts the forward's threshold search makes for each query q [n, 8]: the kernel's loop, in torch."""
+    from projects.lram_gpt.lattice import to_fundamental
+
+    zf = to_fundamental(q.float())[0]
+    points = FUNDAMENTAL_POINTS.float()
+    d2 = (points**2).sum(-1) + ((zf * zf).sum(-1, keepdim=True) - 2 * zf @ points.T)
+    n = q.shape[0]
+    lo, hi = torch.zeros(n), torch.full((n,), PROBE_CEILING.value)
+    count_lo, count_hi = torch.zeros(n), torch.full((n,), float(POINTS_PAD))
+    t = torch.full((n,), FIRST_PROBE.value)
+    probes = torch.zeros(n, dtype=torch.long)
+    active = torch.ones(n, dtype=torch.bool)
+    while active.any():
+        count = (d2 < t[:, None]).sum(-1).float()
+        probes += active
+        below, above = active & (count < topk), active & (count > topk)
+        lo, count_lo = torch.where(below, t, lo), torch.where(below, count, count_lo)
+        hi, count_hi = torch.where(above, t, hi), torch.where(above, count, count_hi)
+        share = ((topk + 0.5 - count_lo) / (count_hi - count_lo)).clamp(0.05, 0.95)
+        guess = (lo**4 + share * (hi**4 - lo**4)).sqrt().sqrt()
+        middle = 0.5 * (lo + hi)
+        guess = torch.where((probes % 3 == 0) | (guess <= lo) | (guess >= hi), middle, guess)
+        active = active & (count != topk) & (guess > lo) & (guess < hi)
+        t = torch.where(active, guess, t)
+    return probes
+
+
+def cost_spec(kernel, constants, signature, spec):
+    """For scripts/kernel_cost.py: lookups per program, loop trip counts and bytes per lookup of a launch."""
+    value_bytes = {"*bf16": 2, "*fp16": 2}.get(signature.get("values_ptr"), 4)
+    topk, m = constants.get("TOPK", 0), constants.get("M_PAD", 0)
+    if kernel == "_forward_kernel":
+        # the threshold search's mean trip count over uniform random queries (seeded)
+        generator = torch.Generator().manual_seed(0)
+        q = (torch.rand(4096, DIM, generator=generator) * 2 - 1) * 16
+        probes = threshold_probes(q, topk).float().mean().item()
+        read = topk * m * value_bytes if constants["READ"] else 0
+        moved = read + 16 * 4 + m * 2 + topk * (2 + 4 * constants["SAVE"]) + 40 * constants["SAVE"]
+        return spec(1, [probes], moved, f"selection loop: mean {probes:.2f} probes over 4096 random queries")
+    if kernel == "_backward_kernel":
+        moved = topk * m * value_bytes * constants["GRAD_X"] + topk * m * 4 * constants["GRAD_VALUES_ATOMIC"]
+        moved += 16 * 8 + m * 2 + topk * 6 + 40 + topk * 4 * constants["SAVE_SLOT_WEIGHT"]
+        return spec(1, [], moved)
+    return None

@@ -39,18 +39,21 @@ def torus_query(z: torch.Tensor, K):
 
 def theta(z: torch.Tensor, values: torch.Tensor, K, topk: int = DEFAULT_TOPK, use_triton: bool | None = None,
           value_grad: str = "atomic", sparse_values: bool = False) -> torch.Tensor:
-    """theta for heads z [..., 16] reading values [N, m] on the torus K: [..., m] in float32 (float64 for float64 z).
+    """theta for heads z [..., 16] reading values [N, m] on the torus K: [..., m] in float32 (float64 for float64 z;
+    on the Triton path the autocast dtype where autocast is on).
 
     use_triton: None picks the Triton kernel exactly when the values are on CUDA; True forces it (on CPU it
-    runs under TRITON_INTERPRET=1); False forces the PyTorch reference. value_grad: see interpolate_triton.
+    runs under TRITON_INTERPRET=1; float64 z always takes the reference); False forces the PyTorch reference.
+    value_grad: see lookup_triton.interpolate_triton.
     sparse_values: the value gradient is a coalesced sparse COO tensor of the rows read, on either path.
     """
-    scale, q = torus_query(z, K)
-    if _triton_path(values, use_triton):
-        from projects.lram_gpt.lookup_triton import interpolate_triton  # the reference path needs no Triton
+    if _triton_path(values, use_triton) and z.dtype != torch.float64:
+        from projects.lram_gpt.lookup_triton import theta_triton  # the reference path needs no Triton
 
-        phi = interpolate_triton(q, values, K, topk, value_grad, sparse_values)
-    elif sparse_values:
+        # one kernel: torus query, lookup, harmonic scale, and the output in the autocast dtype where it is on
+        return theta_triton(z, values, K, topk, value_grad, sparse_values)
+    scale, q = torus_query(z, K)
+    if sparse_values:
         phi = interpolate_sparse_grad(q, values, K, topk)
     else:
         phi = lattice.interpolate(q, values, K, topk)
