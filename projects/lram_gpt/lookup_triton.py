@@ -107,8 +107,8 @@ def _torus_query(z_ptr, freq_ptr, row, cols):
 
 @triton.jit
 def _forward_kernel(
-    x_ptr, values_ptr, out_ptr, cand_ptr, index_ptr, weight_ptr, zf_ptr, frame_ptr, scale_ptr,
-    freq_ptr, half_periods_ptr, strides_ptr, points_t_ptr, norms_ptr, points_ptr,
+    x_ptr, values_ptr, out_ptr, cand_ptr, index_ptr, weight_ptr, zf_ptr, frame_ptr, scale_ptr, place_ptr,
+    place_stride_ptr, freq_ptr, half_periods_ptr, strides_ptr, points_t_ptr, norms_ptr, points_ptr,
     half_memory, M,
     M_PAD: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, POINTS: tl.constexpr,
     FROM_Q: tl.constexpr, READ: tl.constexpr, SAVE: tl.constexpr, LOOKUP: tl.constexpr,
@@ -146,10 +146,29 @@ def _forward_kernel(
     stride_f = tl.sum(tl.where(moved, tl.load(strides_ptr + cols)[:, None], 0), axis=0)
     last_f = tl.sum(tl.where(moved & (cols[:, None] == COORDS - 1), 1, 0), axis=0) != 0
 
+    # Through memory, so that the compiler keeps the per-lookup work above one coordinate per lane instead of
+    # recomputing it in the layouts below, where every lane holds all 8 coordinates.
+    place = place_ptr + row * (5 * COORDS)
+    tl.store(place + cols, zf)
+    tl.store(place + COORDS + cols, center_f)
+    tl.store(place + 2 * COORDS + cols, sign_f)
+    tl.store(place + 3 * COORDS + cols, half_f)
+    tl.store(place + 4 * COORDS + cols, last_f.to(tl.float32))
+    tl.store(place_stride_ptr + row * COORDS + cols, stride_f)
+    if SAVE:
+        tl.store(zf_ptr + row * COORDS + cols, zf)
+        packed = tl.sum(position << (3 * cols), axis=0) | tl.sum((sign < 0.0).to(tl.int32) << (24 + cols), axis=0)
+        tl.store(frame_ptr + row, packed)
+        tl.store(scale_ptr + row, scale)
+    zz = tl.sum(zf * zf, axis=0)
+    tl.debug_barrier()
+
     # squared distances to the candidates, |p|^2 + |z|^2 - 2 z.p (padding: |p|^2 = 1e30)
     points = tl.arange(0, POINTS)
-    dot = tl.sum(zf[:, None] * tl.load(points_t_ptr + cols[:, None] * POINTS + points[None, :]), axis=0)
-    d2 = tl.load(norms_ptr + points) + (tl.sum(zf * zf, axis=0) - 2.0 * dot)
+    dot = tl.zeros((POINTS,), tl.float32)
+    for k in tl.static_range(COORDS):
+        dot += tl.load(place + k) * tl.load(points_t_ptr + k * POINTS + points)
+    d2 = tl.load(norms_ptr + points) + (zz - 2.0 * dot)
 
     # threshold t with exactly TOPK candidates below it; invariant count(lo) < TOPK < count(hi)
     lo = tl.full((), 0.0, tl.float32)
@@ -193,9 +212,14 @@ def _forward_kernel(
     slot_ok = slots < TOPK
     cand = tl.load(cand_ptr + row * TOPK + slots, mask=slot_ok, other=0).to(tl.int32)
     p = tl.load(points_ptr + cand[:, None] * COORDS + cols[None, :]).to(tl.float32)  # [TOPK_PAD, 8]
-    diff = zf[None, :] - p
+    diff = tl.load(place + cols)[None, :] - p
     u = tl.maximum(1.0 - tl.sum(diff * diff, axis=1) * 0.125, 0.0)
     weight = tl.where(slot_ok, (u * u) * (u * u), 0.0)
+    center_f = tl.load(place + COORDS + cols)
+    sign_f = tl.load(place + 2 * COORDS + cols)
+    half_f = tl.load(place + 3 * COORDS + cols)
+    last_f = tl.load(place + 4 * COORDS + cols) != 0.0
+    stride_f = tl.load(place_stride_ptr + row * COORDS + cols)
     coords = center_f[None, :] + sign_f[None, :] * p  # the lattice point's coordinates, by place
     parity = tl.sum(tl.where(cols[None, :] == 0, coords, 0.0), axis=1)
     parity = parity - 2.0 * tl.floor(parity * 0.5)
@@ -206,10 +230,6 @@ def _forward_kernel(
 
     if SAVE:
         tl.store(index_ptr + row * TOPK + slots, index, mask=slot_ok)
-        tl.store(zf_ptr + row * COORDS + cols, zf)
-        packed = tl.sum(position << (3 * cols), axis=0) | tl.sum((sign < 0.0).to(tl.int32) << (24 + cols), axis=0)
-        tl.store(frame_ptr + row, packed)
-        tl.store(scale_ptr + row, scale)
     if LOOKUP:
         tl.store(index_ptr + row * TOPK + slots, index, mask=slot_ok)
         tl.store(weight_ptr + row * TOPK + slots, weight, mask=slot_ok)
@@ -262,6 +282,11 @@ def _backward_kernel(
             tl.store(grad_x_ptr + row * COORDS + cols, grad_q)
         else:
             grad_scale = tl.sum(weight * along, axis=0)  # dL/ds = g . phi
+            # through memory, so that the torus part runs one coordinate per lane (see the forward)
+            tl.store(grad_x_ptr + row * (2 * COORDS) + cols, grad_q)
+            tl.debug_barrier()
+            grad_q = tl.load(grad_x_ptr + row * (2 * COORDS) + cols)
+            tl.debug_barrier()
             re = tl.load(x_ptr + row * (2 * COORDS) + cols).to(tl.float32)
             im = tl.load(x_ptr + row * (2 * COORDS) + COORDS + cols).to(tl.float32)
             squared = re * re + im * im
@@ -269,7 +294,7 @@ def _backward_kernel(
             at_zero = squared == 0.0
             re_arg = tl.where(at_zero, 1.0, re)
             # s = 1 / sum(1 / |z_i|), |z_i| = sqrt(max(re^2 + im^2, tiny)); q_i = K_i/(2 pi) atan2(im, re')
-            grad_squared = tl.where(squared >= TINY, grad_scale * scale * scale / (squared * 2.0 * modulus), 0.0)
+            grad_squared = tl.where(squared >= TINY, grad_scale * scale * scale / (2.0 * modulus * modulus * modulus), 0.0)
             grad_angle = grad_q * tl.load(freq_ptr + cols) / (re_arg * re_arg + im * im)
             grad_re = 2.0 * re * grad_squared - tl.where(at_zero, 0.0, grad_angle * im)
             grad_im = 2.0 * im * grad_squared + grad_angle * re_arg
@@ -377,9 +402,11 @@ def _forward(x_rows, values, K, topk, from_q, read, save, lookup, out_dtype=torc
     zf = torch.empty(n, DIM, dtype=torch.float32, device=device) if save else out
     frame = torch.empty(n, dtype=torch.int32, device=device) if save else cand
     scale = torch.empty(n, dtype=torch.float32, device=device) if save else out
+    place = torch.empty(n, 5 * DIM, dtype=torch.float32, device=device)  # scratch: the frame, by place
+    place_stride = torch.empty(n, DIM, dtype=torch.int32, device=device)
     if n:
         _forward_kernel[(n,)](
-            x_rows, values if read else out, out, cand, index, weight, zf, frame, scale,
+            x_rows, values if read else out, out, cand, index, weight, zf, frame, scale, place, place_stride,
             freq, half_periods, strides, points_t, norms, points16, memory_size(K) // 2, M,
             POINTS=POINTS_PAD, FROM_Q=from_q, READ=read, SAVE=save, LOOKUP=lookup, num_warps=1, **_meta(topk, M))
     return out, cand, index, weight, zf, frame, scale
