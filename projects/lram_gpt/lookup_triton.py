@@ -45,7 +45,7 @@ from projects.lram_gpt.lattice import (
 
 VALUE_GRAD_METHODS = ("atomic", "segment")
 HEAD_INPUTS = 2 * DIM
-POINTS_PAD = 256  # the 232 points padded to a power of two, 8 per lane
+POINTS_PAD = 256  # the 232 points padded to 32 lanes x 8
 SEGMENT_BLOCK = 64  # sorted (row, slot) entries per program of the segment sums
 COORDS = tl.constexpr(DIM)  # compiled kernels may read a global only if it is a constexpr
 FIRST_PROBE = tl.constexpr(8.0)  # d2 = 8 is the kernel's support: ~65 points lie below it (paper Table 1)
@@ -65,7 +65,7 @@ def _atan2(y, x):
     ax = tl.abs(x)
     ay = tl.abs(y)
     big = tl.maximum(ax, ay)
-    a = tl.minimum(ax, ay) / tl.where(big == 0.0, 1.0, big)
+    a = tl.fdiv(tl.minimum(ax, ay), tl.where(big == 0.0, 1.0, big))  # 2 ulp: within the polynomial's error
     s = a * a
     p = A8 * s + A7
     p = p * s + A6
@@ -99,8 +99,7 @@ def _torus_query(z_ptr, freq_ptr, row, cols):
     re = tl.load(z_ptr + row * (2 * COORDS) + cols).to(tl.float32)
     im = tl.load(z_ptr + row * (2 * COORDS) + COORDS + cols).to(tl.float32)
     squared = re * re + im * im
-    modulus = tl.sqrt(tl.maximum(squared, TINY))
-    scale = 1.0 / tl.sum(1.0 / modulus, axis=0)
+    scale = tl.fdiv(1.0, tl.sum(tl.math.rsqrt(tl.maximum(squared, TINY)), axis=0))
     angle = _atan2(im, tl.where(squared == 0.0, 1.0, re))
     return scale, angle * tl.load(freq_ptr + cols)
 
@@ -109,9 +108,9 @@ def _torus_query(z_ptr, freq_ptr, row, cols):
 def _forward_kernel(
     x_ptr, values_ptr, out_ptr, cand_ptr, index_ptr, weight_ptr, zf_ptr, frame_ptr, scale_ptr, place_ptr,
     place_stride_ptr, freq_ptr, half_periods_ptr, strides_ptr, points_t_ptr, norms_ptr, points_ptr,
-    half_memory, M,
-    M_PAD: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, POINTS: tl.constexpr,
-    FROM_Q: tl.constexpr, READ: tl.constexpr, SAVE: tl.constexpr, LOOKUP: tl.constexpr,
+    half_memory,
+    M: tl.constexpr, M_PAD: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr,
+    FROM_Q: tl.constexpr, READ: tl.constexpr, SAVE: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, COORDS)
@@ -128,59 +127,57 @@ def _forward_kernel(
     d_odd = tl.sum((q - odd) * (q - odd), axis=0)
     center = tl.where(d_odd < d_even, odd, even)
     offset = q - center
-    # coordinate i moves to position[i] (falling |offset|, ties in coordinate order) with sign[i]; an odd count
-    # of negative signs flips the last coordinate too, so the sign changes are even
-    mag = tl.abs(offset)
-    ahead = (mag[None, :] > mag[:, None]) | ((mag[None, :] == mag[:, None]) & (cols[None, :] < cols[:, None]))
+    # coordinate i moves to place position[i] (falling |offset|, ties in coordinate order) with sign[i]; an odd
+    # count of negative signs flips the last coordinate too, so the sign changes are even. The comparison of
+    # all pairs reads |offset| from memory: the compiler would otherwise compute everything above twice.
+    place = place_ptr + row * (7 * COORDS)
+    tl.store(place + 6 * COORDS + cols, tl.abs(offset))
+    tl.debug_barrier()
+    mag_i = tl.load(place + 6 * COORDS + cols)[:, None]
+    mag_j = tl.load(place + 6 * COORDS + cols)[None, :]
+    ahead = (mag_j > mag_i) | ((mag_j == mag_i) & (cols[None, :] < cols[:, None]))
     position = tl.sum(ahead.to(tl.int32), axis=1)
     negative = offset < 0.0
     odd_negatives = (tl.sum(negative.to(tl.int32), axis=0) % 2) == 1
     sign = tl.where(negative, -1.0, 1.0)
     sign = tl.where(position == COORDS - 1, tl.where(odd_negatives, -sign, sign), sign)
-    moved = position[:, None] == cols[None, :]  # [i, j]: coordinate i goes to place j
-    zf = tl.sum(tl.where(moved, (sign * offset)[:, None], 0.0), axis=0)
-    # what the memory index needs per place j: the center, sign, half period, stride of the coordinate there
-    center_f = tl.sum(tl.where(moved, center[:, None], 0.0), axis=0)
-    sign_f = tl.sum(tl.where(moved, sign[:, None], 0.0), axis=0)
-    half_f = tl.sum(tl.where(moved, tl.load(half_periods_ptr + cols)[:, None], 0), axis=0).to(tl.float32)
-    stride_f = tl.sum(tl.where(moved, tl.load(strides_ptr + cols)[:, None], 0), axis=0)
-    last_f = tl.sum(tl.where(moved & (cols[:, None] == COORDS - 1), 1, 0), axis=0) != 0
-
-    # Through memory, so that the compiler keeps the per-lookup work above one coordinate per lane instead of
-    # recomputing it in the layouts below, where every lane holds all 8 coordinates.
-    place = place_ptr + row * (5 * COORDS)
-    tl.store(place + cols, zf)
-    tl.store(place + COORDS + cols, center_f)
-    tl.store(place + 2 * COORDS + cols, sign_f)
-    tl.store(place + 3 * COORDS + cols, half_f)
-    tl.store(place + 4 * COORDS + cols, last_f.to(tl.float32))
-    tl.store(place_stride_ptr + row * COORDS + cols, stride_f)
+    # By place, through memory (a store to the permuted address is the permutation): z_F, and what the
+    # memory index needs there. Memory also keeps the compiler from redoing the work above in the layouts
+    # below, where every lane holds all 8 coordinates, instead of one coordinate per lane.
+    tl.store(place + position, sign * offset)
+    tl.store(place + COORDS + position, center)
+    tl.store(place + 2 * COORDS + position, sign)
+    half_period = tl.load(half_periods_ptr + cols).to(tl.float32)
+    tl.store(place + 3 * COORDS + position, half_period)
+    tl.store(place + 4 * COORDS + position, 1.0 / half_period)
+    tl.store(place + 5 * COORDS + position, (cols == COORDS - 1).to(tl.float32))
+    tl.store(place_stride_ptr + row * COORDS + position, tl.load(strides_ptr + cols))
     if SAVE:
-        tl.store(zf_ptr + row * COORDS + cols, zf)
+        tl.store(zf_ptr + row * COORDS + position, sign * offset)
         packed = tl.sum(position << (3 * cols), axis=0) | tl.sum((sign < 0.0).to(tl.int32) << (24 + cols), axis=0)
         tl.store(frame_ptr + row, packed)
         tl.store(scale_ptr + row, scale)
-    zz = tl.sum(zf * zf, axis=0)
+    zz = tl.sum(offset * offset, axis=0)
     tl.debug_barrier()
 
-    # squared distances to the candidates, |p|^2 + |z|^2 - 2 z.p (padding: |p|^2 = 1e30)
-    points = tl.arange(0, POINTS)
-    dot = tl.zeros((POINTS,), tl.float32)
+    # squared distances |p|^2 + |z_F|^2 - 2 z_F.p to the candidates, [32 lanes, 8 each] (padding: |p|^2 = 1e30)
+    points = tl.arange(0, 32)[:, None] * 8 + tl.arange(0, 8)[None, :]
+    dot = tl.zeros((32, 8), tl.float32)
     for k in tl.static_range(COORDS):
-        dot += tl.load(place + k) * tl.load(points_t_ptr + k * POINTS + points)
+        dot += tl.load(place + k) * tl.load(points_t_ptr + k * 256 + points)
     d2 = tl.load(norms_ptr + points) + (zz - 2.0 * dot)
 
     # threshold t with exactly TOPK candidates below it; invariant count(lo) < TOPK < count(hi)
     lo = tl.full((), 0.0, tl.float32)
     hi = tl.full((), PROBE_CEILING, tl.float32)
     count_lo = tl.full((), 0, tl.int32)
-    count_hi = tl.full((), POINTS, tl.int32)
+    count_hi = tl.full((), 256, tl.int32)
     t = tl.full((), FIRST_PROBE, tl.float32)
     count = tl.full((), -1, tl.int32)
     probes = tl.full((), 0, tl.int32)
     stalled = tl.full((), 0, tl.int1)
     while (count != TOPK) & (stalled == 0):
-        count = tl.sum((d2 < t).to(tl.int32), axis=0)
+        count = tl.sum((d2 < t).to(tl.int32))
         below = count < TOPK
         above = count > TOPK
         lo = tl.where(below, t, lo)
@@ -188,7 +185,7 @@ def _forward_kernel(
         hi = tl.where(above, t, hi)
         count_hi = tl.where(above, count, count_hi)
         probes += 1
-        share = (TOPK + 0.5 - count_lo.to(tl.float32)) / (count_hi - count_lo).to(tl.float32)
+        share = tl.fdiv(TOPK + 0.5 - count_lo.to(tl.float32), (count_hi - count_lo).to(tl.float32))
         share = tl.minimum(tl.maximum(share, 0.05), 0.95)
         lo4 = (lo * lo) * (lo * lo)
         hi4 = (hi * hi) * (hi * hi)
@@ -197,13 +194,22 @@ def _forward_kernel(
         guess = tl.where(((probes % 3) == 0) | (guess <= lo) | (guess >= hi), middle, guess)
         stalled = (guess <= lo) | (guess >= hi)  # lo and hi are neighbouring floats: a tie at lo
         t = tl.where(count == TOPK, t, guess)
-    tie = count != TOPK
-    threshold = tl.where(tie, lo, t)
-    chosen = (d2 < threshold).to(tl.int32)
-    if tie:  # candidates at exactly d2 = lo fill the remaining slots in point order
-        equal = (d2 == threshold).to(tl.int32)
-        chosen = chosen | (equal & ((tl.cumsum(equal, axis=0) - equal) < TOPK - count_lo).to(tl.int32))
-    slot_of = tl.cumsum(chosen, axis=0) - chosen
+    chosen = d2 < t
+    if count != TOPK:  # a tie at d2 = lo: the earliest points at lo fill the remaining slots
+        equal = d2 == lo
+        first = tl.full((), 0, tl.int32)  # bisect the point bound b: count(equal and point < b) reaches TOPK
+        last = tl.full((), 256, tl.int32)
+        while last - first > 1:
+            middle_id = (first + last) // 2
+            enough = (count_lo + tl.sum((equal & (points < middle_id)).to(tl.int32))) >= TOPK
+            last = tl.where(enough, middle_id, last)
+            first = tl.where(enough, first, middle_id)
+        chosen = (d2 < lo) | (equal & (points < last))
+    chosen = chosen.to(tl.int32)
+    # compacted in point order: slot = chosen points before this one (in the lane, then in earlier lanes)
+    in_lane = tl.cumsum(chosen, axis=1) - chosen
+    per_lane = tl.sum(chosen, axis=1)
+    slot_of = (tl.cumsum(per_lane, axis=0) - per_lane)[:, None] + in_lane
     tl.store(cand_ptr + row * TOPK + slot_of, points.to(tl.int16), mask=chosen != 0)
     tl.debug_barrier()  # the slots were written by other lanes
 
@@ -215,29 +221,33 @@ def _forward_kernel(
     diff = tl.load(place + cols)[None, :] - p
     u = tl.maximum(1.0 - tl.sum(diff * diff, axis=1) * 0.125, 0.0)
     weight = tl.where(slot_ok, (u * u) * (u * u), 0.0)
-    center_f = tl.load(place + COORDS + cols)
-    sign_f = tl.load(place + 2 * COORDS + cols)
     half_f = tl.load(place + 3 * COORDS + cols)
-    last_f = tl.load(place + 4 * COORDS + cols) != 0.0
-    stride_f = tl.load(place_stride_ptr + row * COORDS + cols)
-    coords = center_f[None, :] + sign_f[None, :] * p  # the lattice point's coordinates, by place
-    parity = tl.sum(tl.where(cols[None, :] == 0, coords, 0.0), axis=1)
+    inverse_half_f = tl.load(place + 4 * COORDS + cols)
+    coords = tl.load(place + COORDS + cols)[None, :] + tl.load(place + 2 * COORDS + cols)[None, :] * p
+    parity = tl.sum(tl.where(cols[None, :] == 0, coords, 0.0), axis=1)  # all coordinates share it
     parity = parity - 2.0 * tl.floor(parity * 0.5)
     halved = (coords - parity[:, None]) * 0.5  # exact: an even integer halved
-    digit = halved - half_f[None, :] * tl.floor((halved + 0.5) / half_f[None, :])  # mod K/2, exact on integers
-    digit = tl.where(last_f[None, :], tl.floor(digit * 0.5), digit)
+    # mod K/2, exact on integers: (halved + 1/2) / (K/2) is at least 1/K away from an integer
+    digit = halved - half_f[None, :] * tl.floor((halved + 0.5) * inverse_half_f[None, :])
+    digit = tl.where(tl.load(place + 5 * COORDS + cols)[None, :] != 0.0, tl.floor(digit * 0.5), digit)
+    stride_f = tl.load(place_stride_ptr + row * COORDS + cols)
     index = parity.to(tl.int32) * half_memory + tl.sum(digit.to(tl.int32) * stride_f[None, :], axis=1)
+    tl.store(index_ptr + row * TOPK + slots, index, mask=slot_ok)
+    tl.store(weight_ptr + row * TOPK + slots, weight, mask=slot_ok)
 
-    if SAVE:
-        tl.store(index_ptr + row * TOPK + slots, index, mask=slot_ok)
-    if LOOKUP:
-        tl.store(index_ptr + row * TOPK + slots, index, mask=slot_ok)
-        tl.store(weight_ptr + row * TOPK + slots, weight, mask=slot_ok)
-    if READ:
+    if READ:  # the rows, CHUNK at a time from the slots just written: fewer registers, fused multiply-adds
+        tl.debug_barrier()
         value_cols = tl.arange(0, M_PAD)
-        ok = slot_ok[:, None] & (value_cols[None, :] < M)
-        rows_v = tl.load(values_ptr + index.to(tl.int64)[:, None] * M + value_cols[None, :], mask=ok, other=0.0)
-        phi = tl.sum(weight[:, None] * rows_v.to(tl.float32), axis=0)
+        acc = tl.zeros((CHUNK, M_PAD), tl.float32)
+        for chunk in tl.static_range(TOPK_PAD // CHUNK):
+            part = chunk * CHUNK + tl.arange(0, CHUNK)
+            part_ok = part < TOPK
+            part_index = tl.load(index_ptr + row * TOPK + part, mask=part_ok, other=0).to(tl.int64)
+            part_weight = tl.load(weight_ptr + row * TOPK + part, mask=part_ok, other=0.0)
+            ok = part_ok[:, None] & (value_cols[None, :] < M)
+            rows_v = tl.load(values_ptr + part_index[:, None] * M + value_cols[None, :], mask=ok, other=0.0)
+            acc += part_weight[:, None] * rows_v.to(tl.float32)
+        phi = tl.sum(acc, axis=0)
         tl.store(out_ptr + row * M + value_cols, (scale * phi).to(out_ptr.dtype.element_ty), mask=value_cols < M)
 
 
@@ -245,8 +255,8 @@ def _forward_kernel(
 def _backward_kernel(
     x_ptr, values_ptr, grad_out_ptr, grad_x_ptr, grad_values_ptr, slot_weight_ptr,
     cand_ptr, index_ptr, zf_ptr, frame_ptr, scale_ptr,
-    freq_ptr, points_ptr, M,
-    M_PAD: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, FROM_Q: tl.constexpr,
+    freq_ptr, points_ptr,
+    M: tl.constexpr, M_PAD: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, FROM_Q: tl.constexpr,
     GRAD_X: tl.constexpr, GRAD_VALUES_ATOMIC: tl.constexpr, SAVE_SLOT_WEIGHT: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -309,8 +319,8 @@ def _segmented_add(value_a, start_a, value_b, start_b):
 
 @triton.jit
 def _segment_sum_kernel(
-    sorted_index_ptr, order_ptr, slot_weight_ptr, grad_out_ptr, target_ptr, grad_values_ptr, n_entries, M,
-    M_PAD: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr, COMPACT: tl.constexpr,
+    sorted_index_ptr, order_ptr, slot_weight_ptr, grad_out_ptr, target_ptr, grad_values_ptr, n_entries,
+    M: tl.constexpr, M_PAD: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr, COMPACT: tl.constexpr,
 ):
     """Sums s u^4 g over the runs of equal memory index in one chunk of the sorted (row, slot) entries.
 
@@ -357,7 +367,7 @@ def _tables(K, device):
         points_t = torch.zeros(DIM, POINTS_PAD, dtype=torch.float32)
         points_t[:, :n] = points.T.float()
         norms = torch.full((POINTS_PAD,), PADDING_D2, dtype=torch.float32)
-        norms[:n] = (points.float() ** 2).sum(-1)
+        norms[:n] = (points**2).sum(-1).float()
         points16 = torch.zeros(POINTS_PAD, DIM, dtype=torch.int16)
         points16[:n] = points.to(torch.int16)
         periods = torch.tensor(K, dtype=torch.float32)
@@ -387,28 +397,30 @@ def _check(x: torch.Tensor, K, topk: int, width: int, values: torch.Tensor | Non
 
 
 def _meta(topk, M):
-    return dict(M_PAD=triton.next_power_of_2(max(M, 1)), TOPK=topk, TOPK_PAD=triton.next_power_of_2(topk))
+    # the value width is a compile-time constant: when it is a power of two the row loads carry no mask
+    return dict(M=M, M_PAD=triton.next_power_of_2(max(M, 1)), TOPK=topk, TOPK_PAD=triton.next_power_of_2(topk))
 
 
-def _forward(x_rows, values, K, topk, from_q, read, save, lookup, out_dtype=torch.float32):
+def _forward(x_rows, values, K, topk, from_q, read, save, out_dtype=torch.float32):
     """Launch the forward kernel; returns its buffers (out, cand, index, weight, zf, frame, scale)."""
     n, device = x_rows.shape[0], x_rows.device
     M = values.shape[1] if read else 0
     freq, half_periods, strides, points_t, norms, points16 = _tables(K, device)
     out = torch.empty(n, M, dtype=out_dtype, device=device)
     cand = torch.empty(n, topk, dtype=torch.int16, device=device)
-    index = torch.empty(n, topk, dtype=torch.int32, device=device) if save or lookup else cand
-    weight = torch.empty(n, topk, dtype=torch.float32, device=device) if lookup else out
+    index = torch.empty(n, topk, dtype=torch.int32, device=device)  # saved for the backward, or scratch
+    weight = torch.empty(n, topk, dtype=torch.float32, device=device)  # the lookup's result, or scratch
     zf = torch.empty(n, DIM, dtype=torch.float32, device=device) if save else out
     frame = torch.empty(n, dtype=torch.int32, device=device) if save else cand
     scale = torch.empty(n, dtype=torch.float32, device=device) if save else out
-    place = torch.empty(n, 5 * DIM, dtype=torch.float32, device=device)  # scratch: the frame, by place
+    place = torch.empty(n, 7 * DIM, dtype=torch.float32, device=device)  # scratch: the frame, by place
     place_stride = torch.empty(n, DIM, dtype=torch.int32, device=device)
     if n:
         _forward_kernel[(n,)](
             x_rows, values if read else out, out, cand, index, weight, zf, frame, scale, place, place_stride,
-            freq, half_periods, strides, points_t, norms, points16, memory_size(K) // 2, M,
-            POINTS=POINTS_PAD, FROM_Q=from_q, READ=read, SAVE=save, LOOKUP=lookup, num_warps=1, **_meta(topk, M))
+            freq, half_periods, strides, points_t, norms, points16, memory_size(K) // 2,
+            CHUNK=min(8, triton.next_power_of_2(topk)), FROM_Q=from_q, READ=read, SAVE=save,
+            num_warps=1, **_meta(topk, M))
     return out, cand, index, weight, zf, frame, scale
 
 
@@ -422,8 +434,7 @@ class _Read(torch.autograd.Function):
             x_rows = x_rows.to(torch.float32)
         values_c = values.contiguous()
         save = any(ctx.needs_input_grad[:2])
-        out, cand, index, _, zf, frame, scale = _forward(x_rows, values_c, K, topk, from_q, True, save, False,
-                                                         out_dtype)
+        out, cand, index, _, zf, frame, scale = _forward(x_rows, values_c, K, topk, from_q, True, save, out_dtype)
         ctx.save_for_backward(x_rows, values_c, cand, index, zf, frame, scale)
         ctx.K, ctx.topk, ctx.value_grad, ctx.sparse, ctx.from_q = K, topk, value_grad, sparse, from_q
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
@@ -446,7 +457,7 @@ class _Read(torch.autograd.Function):
         if n and (need_x or need_values):
             _backward_kernel[(n,)](
                 x_rows, values, grad_rows, grad_x, grad_values if atomic else scale, slot_weight,
-                cand, index, zf, frame, scale, freq, points16, M, FROM_Q=ctx.from_q, GRAD_X=need_x,
+                cand, index, zf, frame, scale, freq, points16, FROM_Q=ctx.from_q, GRAD_X=need_x,
                 GRAD_VALUES_ATOMIC=atomic, SAVE_SLOT_WEIGHT=segment, num_warps=1, **_meta(topk, M))
         if segment:
             grad_values = _segment_sum(grad_rows, index, slot_weight, grad_values, topk, values.shape)
@@ -476,8 +487,8 @@ def _segment_sum(grad_rows, index, slot_weight, grad_values, topk, shape):
         grad_values = torch.zeros(rows_read.shape[0], M, dtype=torch.float32, device=index.device)
     if n_entries:
         _segment_sum_kernel[(triton.cdiv(n_entries, SEGMENT_BLOCK),)](
-            sorted_index, order, slot_weight, grad_rows, target, grad_values, n_entries, M,
-            M_PAD=triton.next_power_of_2(max(M, 1)), TOPK=topk, BLOCK=SEGMENT_BLOCK, COMPACT=compact)
+            sorted_index, order, slot_weight, grad_rows, target, grad_values, n_entries,
+            M=M, M_PAD=triton.next_power_of_2(max(M, 1)), TOPK=topk, BLOCK=SEGMENT_BLOCK, COMPACT=compact)
     return (rows_read, grad_values) if compact else grad_values
 
 
@@ -522,7 +533,7 @@ def lookup_triton(q: torch.Tensor, K, topk: int = DEFAULT_TOPK):
     """lattice.lookup by the kernel: (index int64 [..., topk], weight fp32 [..., topk]), falling weight."""
     K = _check(q, K, topk, DIM)
     q_rows = q.reshape(-1, DIM).to(torch.float32).contiguous()
-    _, _, index, weight, _, _, _ = _forward(q_rows, q_rows, K, topk, True, False, False, True)
+    _, _, index, weight, _, _, _ = _forward(q_rows, q_rows, K, topk, True, False, False)
     # slots come in point order, so a stable sort by falling weight orders equal weights as the reference
     weight, order = torch.sort(weight, dim=-1, descending=True, stable=True)
     index = index.long().gather(-1, order)
@@ -533,8 +544,9 @@ def lookup_triton(q: torch.Tensor, K, topk: int = DEFAULT_TOPK):
 # What scripts/kernel_cost.py needs: the selection's trip count, lookups per program, bytes per lookup
 # ---------------------------------------------------------------------------------------------------
 
-def threshold_probes(q: torch.Tensor, topk: int = DEFAULT_TOPK) -> torch.Tensor:
-    """How many counts the forward's threshold search makes for each query q [n, 8]: the kernel's loop, in torch."""
+def threshold_probes(q: torch.Tensor, topk: int = DEFAULT_TOPK):
+    """The forward's threshold search in torch, for queries q [n, 8]: how many counts the kernel's loop makes,
+    and whether it ended on an exact tie (then the tie loop makes 8 more)."""
     from projects.lram_gpt.lattice import to_fundamental
 
     zf = to_fundamental(q.float())[0]
@@ -546,6 +558,7 @@ def threshold_probes(q: torch.Tensor, topk: int = DEFAULT_TOPK) -> torch.Tensor:
     t = torch.full((n,), FIRST_PROBE.value)
     probes = torch.zeros(n, dtype=torch.long)
     active = torch.ones(n, dtype=torch.bool)
+    tie = torch.zeros(n, dtype=torch.bool)
     while active.any():
         count = (d2 < t[:, None]).sum(-1).float()
         probes += active
@@ -556,9 +569,11 @@ def threshold_probes(q: torch.Tensor, topk: int = DEFAULT_TOPK) -> torch.Tensor:
         guess = (lo**4 + share * (hi**4 - lo**4)).sqrt().sqrt()
         middle = 0.5 * (lo + hi)
         guess = torch.where((probes % 3 == 0) | (guess <= lo) | (guess >= hi), middle, guess)
-        active = active & (count != topk) & (guess > lo) & (guess < hi)
+        stalled = active & (count != topk) & ((guess <= lo) | (guess >= hi))
+        tie |= stalled
+        active = active & (count != topk) & ~stalled
         t = torch.where(active, guess, t)
-    return probes
+    return probes, tie
 
 
 def cost_spec(kernel, constants, signature, spec):
@@ -569,10 +584,12 @@ def cost_spec(kernel, constants, signature, spec):
         # the threshold search's mean trip count over uniform random queries (seeded)
         generator = torch.Generator().manual_seed(0)
         q = (torch.rand(4096, DIM, generator=generator) * 2 - 1) * 16
-        probes = threshold_probes(q, topk).float().mean().item()
+        probes, tie = threshold_probes(q, topk)
+        probes, tie_trips = probes.float().mean().item(), 8 * tie.float().mean().item()
         read = topk * m * value_bytes if constants["READ"] else 0
         moved = read + 16 * 4 + m * 2 + topk * (2 + 4 * constants["SAVE"]) + 40 * constants["SAVE"]
-        return spec(1, [probes], moved, f"selection loop: mean {probes:.2f} probes over 4096 random queries")
+        return spec(1, [probes, tie_trips], moved, f"loops: mean {probes:.2f} probes, {tie_trips:.3f} tie steps "
+                                                   f"over 4096 random queries")
     if kernel == "_backward_kernel":
         moved = topk * m * value_bytes * constants["GRAD_X"] + topk * m * 4 * constants["GRAD_VALUES_ATOMIC"]
         moved += 16 * 8 + m * 2 + topk * 6 + 40 + topk * 4 * constants["SAVE_SLOT_WEIGHT"]

@@ -213,8 +213,10 @@ def test_selection_breaks_exact_ties_as_the_reference(device):
 
 
 def test_threshold_search_takes_few_probes():
-    probes = threshold_probes(random_queries(512, (16,) * 8, seed=12))
-    assert 1 <= probes.float().mean() < 8 and probes.max() < 60  # what the cost model charges the forward
+    probes, tie = threshold_probes(random_queries(512, (16,) * 8, seed=12))
+    assert 1 <= probes.float().mean() < 8 and probes.max() < 60 and not tie.any()  # what the cost model charges
+    on_lattice_points = torch.tensor([[0.0] * 8, [1.0] * 8])  # 31 of 32 slots tie at d2 = 8
+    assert threshold_probes(on_lattice_points)[1].all()
 
 
 def test_theta_kernel_bad_input_raises():
