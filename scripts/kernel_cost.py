@@ -65,6 +65,7 @@ class Mix:
     barriers: float = 0
     fences: float = 0
     atomics: float = 0
+    local: float = 0  # LDL/STL: registers spilled to local memory
     global_loads: dict = field(default_factory=dict)  # width in bits -> count
 
     def add(self, instruction: Instruction, times: float = 1):
@@ -78,6 +79,8 @@ class Mix:
             self.fences += times
         elif opcode in ("ATOM", "ATOMG", "RED", "REDG", "ATOMS"):
             self.atomics += times
+        elif opcode in ("LDL", "STL"):
+            self.local += times
         elif opcode == "LDG":
             width = load_width(instruction.modifiers)
             self.global_loads[width] = self.global_loads.get(width, 0) + times
@@ -189,7 +192,8 @@ def cost_row(project, launch, arch):
         "project": project, "kernel": launch["kernel"], "triton": triton.__version__, "arch": f"sm_{arch}",
         "pointers": compile_kernels._pointer_dtypes(launch["signature"]),
         "constants": compile_kernels._constants_text(constants),
-        "warps": warps, "regs": usage.get("reg", 0), "spill": usage.get("local", 0), "shared": compiled.metadata.shared,
+        "warps": warps, "regs": usage.get("reg", 0), "spill": usage.get("local", 0), "stack": usage.get("stack", 0),
+        "spill_instructions": int(whole.local), "shared": compiled.metadata.shared,
         "occupancy": occupancy(usage.get("reg", 0), compiled.metadata.shared, warps, arch),
         "sass": int(whole.total), "loops": len(spans), "kernel_shfl": int(whole.shuffles),
         "kernel_bar": int(whole.barriers), "kernel_membar": int(whole.fences), "kernel_atomics": int(whole.atomics),
@@ -208,7 +212,8 @@ def cost_row(project, launch, arch):
     return row
 
 
-COLUMNS = ["project", "kernel", "triton", "arch", "pointers", "constants", "warps", "regs", "spill", "shared",
+COLUMNS = ["project", "kernel", "triton", "arch", "pointers", "constants", "warps", "regs", "spill", "stack",
+           "spill_instructions", "shared",
            "occupancy", "sass", "loops", "kernel_shfl", "kernel_bar", "kernel_membar", "kernel_atomics", "kernel_ldg",
            "hot_loop", "hot_shfl", "hot_bar", "hot_membar", "hot_atomics", "hot_ldg", "lookups_per_program",
            "loop_trips", "warp_instr_per_lookup", "bytes_per_lookup", "instr_per_byte", "issue_ns_per_lookup",
@@ -218,7 +223,7 @@ COLUMNS = ["project", "kernel", "triton", "arch", "pointers", "constants", "warp
 def print_table(rows):
     import triton
 
-    print(f"Triton {triton.__version__}. regs: per thread; occ: theoretical occupancy; sass: instructions in the "
+    print(f"Triton {triton.__version__}. regs: per thread; spill: bytes spilled plus LDL/STL instructions; occ: theoretical occupancy; sass: instructions in the "
           f"kernel; hot: instructions in its hottest loop (shfl/bar/membar/atom of the kernel, then of the loop); "
           f"instr/lookup: warp-instructions executed per lookup; issue/HBM ns: per lookup on an H100 SXM if bound "
           f"by instruction issue / by HBM (spec-sheet model)")
@@ -232,7 +237,7 @@ def print_table(rows):
                f"({row['hot_shfl']}/{row['hot_bar']}/{row['hot_membar']}/{row['hot_atomics']})")
         per_lookup = row.get("warp_instr_per_lookup", "-")
         print(f"{row['project'] + '.' + row['kernel']:<34}{row['arch']:<7}{row['pointers']:<14}{row['warps']:>5}"
-              f"{row['regs']:>5}{row['spill']:>6}{row['occupancy']:>5.0%}{row['sass']:>6}{row['hot_loop']:>5}  "
+              f"{row['regs']:>5}{row['spill'] + row['spill_instructions']:>6}{row['occupancy']:>5.0%}{row['sass']:>6}{row['hot_loop']:>5}  "
               f"{mix:<22}{per_lookup:>13}{row.get('bytes_per_lookup', '-'):>7}{row.get('issue_ns_per_lookup', '-'):>9}"
               f"{row.get('hbm_ns_per_lookup', '-'):>8}  {row['constants']}")
 

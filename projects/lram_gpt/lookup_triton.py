@@ -46,7 +46,10 @@ from projects.lram_gpt.lattice import (
 VALUE_GRAD_METHODS = ("atomic", "segment")
 HEAD_INPUTS = 2 * DIM
 POINTS_PAD = 256  # the 232 points padded to 32 lanes x 8
-SEGMENT_BLOCK = 64  # sorted (row, slot) entries per program of the segment sums
+SEGMENT_BLOCK = 32  # sorted (row, slot) entries per program of the segment sums, summed in order
+# Registers per thread: a one-warp program at 64 lets an SM hold 32 of them (its most), 50% occupancy (sm_80,
+# sm_90); ptxas meets the cap without spilling (scripts/kernel_cost.py counts LDL/STL).
+REGISTERS = 64
 COORDS = tl.constexpr(DIM)  # compiled kernels may read a global only if it is a constexpr
 FIRST_PROBE = tl.constexpr(8.0)  # d2 = 8 is the kernel's support: ~65 points lie below it (paper Table 1)
 PROBE_CEILING = tl.constexpr(40.0)  # above every candidate's d2 (|z_F| <= 2, |p| <= 4), below the padding's
@@ -116,6 +119,9 @@ def _forward_kernel(
     cols = tl.arange(0, COORDS)
     if FROM_Q:
         q = tl.load(x_ptr + row * COORDS + cols)
+        # into [-K/2, K/2] (exactly: minus an integer), as the torus query's are; a lattice translation
+        period = 2.0 * tl.load(half_periods_ptr + cols).to(tl.float32)
+        q = q - period * tl.floor(q * tl.fdiv(1.0, period) + 0.5)
         scale = 1.0
     else:
         scale, q = _torus_query(x_ptr, freq_ptr, row, cols)
@@ -130,11 +136,11 @@ def _forward_kernel(
     # coordinate i moves to place position[i] (falling |offset|, ties in coordinate order) with sign[i]; an odd
     # count of negative signs flips the last coordinate too, so the sign changes are even. The comparison of
     # all pairs reads |offset| from memory: the compiler would otherwise compute everything above twice.
-    place = place_ptr + row * (7 * COORDS)
-    tl.store(place + 6 * COORDS + cols, tl.abs(offset))
+    place = place_ptr + row * (6 * COORDS)
+    tl.store(place + 5 * COORDS + cols, tl.abs(offset))
     tl.debug_barrier()
-    mag_i = tl.load(place + 6 * COORDS + cols)[:, None]
-    mag_j = tl.load(place + 6 * COORDS + cols)[None, :]
+    mag_i = tl.load(place + 5 * COORDS + cols)[:, None]
+    mag_j = tl.load(place + 5 * COORDS + cols)[None, :]
     ahead = (mag_j > mag_i) | ((mag_j == mag_i) & (cols[None, :] < cols[:, None]))
     position = tl.sum(ahead.to(tl.int32), axis=1)
     negative = offset < 0.0
@@ -147,10 +153,8 @@ def _forward_kernel(
     tl.store(place + position, sign * offset)
     tl.store(place + COORDS + position, center)
     tl.store(place + 2 * COORDS + position, sign)
-    half_period = tl.load(half_periods_ptr + cols).to(tl.float32)
-    tl.store(place + 3 * COORDS + position, half_period)
-    tl.store(place + 4 * COORDS + position, 1.0 / half_period)
-    tl.store(place + 5 * COORDS + position, (cols == COORDS - 1).to(tl.float32))
+    tl.store(place + 3 * COORDS + position, tl.load(half_periods_ptr + cols).to(tl.float32))
+    tl.store(place + 4 * COORDS + position, (cols == COORDS - 1).to(tl.float32))
     tl.store(place_stride_ptr + row * COORDS + position, tl.load(strides_ptr + cols))
     if SAVE:
         tl.store(zf_ptr + row * COORDS + position, sign * offset)
@@ -163,7 +167,7 @@ def _forward_kernel(
     # squared distances |p|^2 + |z_F|^2 - 2 z_F.p to the candidates, [32 lanes, 8 each] (padding: |p|^2 = 1e30)
     points = tl.arange(0, 32)[:, None] * 8 + tl.arange(0, 8)[None, :]
     dot = tl.zeros((32, 8), tl.float32)
-    for k in tl.static_range(COORDS):
+    for k in tl.range(COORDS, num_stages=1):  # a loop, not unrolled: registers for one coordinate's table row
         dot += tl.load(place + k) * tl.load(points_t_ptr + k * 256 + points)
     d2 = tl.load(norms_ptr + points) + (zz - 2.0 * dot)
 
@@ -213,7 +217,7 @@ def _forward_kernel(
     tl.store(cand_ptr + row * TOPK + slot_of, points.to(tl.int16), mask=chosen != 0)
     tl.debug_barrier()  # the slots were written by other lanes
 
-    # per slot (a lane each): the lattice point, its memory index and weight
+    # per slot (a lane each): the lattice point center + sign * p, its memory index and its weight
     slots = tl.arange(0, TOPK_PAD)
     slot_ok = slots < TOPK
     cand = tl.load(cand_ptr + row * TOPK + slots, mask=slot_ok, other=0).to(tl.int32)
@@ -221,17 +225,16 @@ def _forward_kernel(
     diff = tl.load(place + cols)[None, :] - p
     u = tl.maximum(1.0 - tl.sum(diff * diff, axis=1) * 0.125, 0.0)
     weight = tl.where(slot_ok, (u * u) * (u * u), 0.0)
-    half_f = tl.load(place + 3 * COORDS + cols)
-    inverse_half_f = tl.load(place + 4 * COORDS + cols)
     coords = tl.load(place + COORDS + cols)[None, :] + tl.load(place + 2 * COORDS + cols)[None, :] * p
     parity = tl.sum(tl.where(cols[None, :] == 0, coords, 0.0), axis=1)  # all coordinates share it
     parity = parity - 2.0 * tl.floor(parity * 0.5)
     halved = (coords - parity[:, None]) * 0.5  # exact: an even integer halved
-    # mod K/2, exact on integers: (halved + 1/2) / (K/2) is at least 1/K away from an integer
-    digit = halved - half_f[None, :] * tl.floor((halved + 0.5) * inverse_half_f[None, :])
-    digit = tl.where(tl.load(place + 5 * COORDS + cols)[None, :] != 0.0, tl.floor(digit * 0.5), digit)
-    stride_f = tl.load(place_stride_ptr + row * COORDS + cols)
-    index = parity.to(tl.int32) * half_memory + tl.sum(digit.to(tl.int32) * stride_f[None, :], axis=1)
+    # mod K/2: q lies in [-K/2, K/2] and the point within 3 of it, so halved lies in [-K/2, K)
+    half = tl.load(place + 3 * COORDS + cols)[None, :]
+    digit = halved + tl.where(halved < 0.0, half, 0.0) - tl.where(halved >= half, half, 0.0)
+    digit = tl.where(tl.load(place + 4 * COORDS + cols)[None, :] != 0.0, tl.floor(digit * 0.5), digit)
+    stride = tl.load(place_stride_ptr + row * COORDS + cols)[None, :]
+    index = parity.to(tl.int32) * half_memory + tl.sum(digit.to(tl.int32) * stride, axis=1)
     tl.store(index_ptr + row * TOPK + slots, index, mask=slot_ok)
     tl.store(weight_ptr + row * TOPK + slots, weight, mask=slot_ok)
 
@@ -239,7 +242,7 @@ def _forward_kernel(
         tl.debug_barrier()
         value_cols = tl.arange(0, M_PAD)
         acc = tl.zeros((CHUNK, M_PAD), tl.float32)
-        for chunk in tl.static_range(TOPK_PAD // CHUNK):
+        for chunk in tl.range(TOPK_PAD // CHUNK, num_stages=1):  # a loop, not unrolled: registers for one chunk
             part = chunk * CHUNK + tl.arange(0, CHUNK)
             part_ok = part < TOPK
             part_index = tl.load(index_ptr + row * TOPK + part, mask=part_ok, other=0).to(tl.int64)
@@ -253,11 +256,11 @@ def _forward_kernel(
 
 @triton.jit
 def _backward_kernel(
-    x_ptr, values_ptr, grad_out_ptr, grad_x_ptr, grad_values_ptr, slot_weight_ptr,
+    x_ptr, values_ptr, grad_out_ptr, grad_x_ptr, grad_values_ptr, slot_weight_ptr, along_ptr,
     cand_ptr, index_ptr, zf_ptr, frame_ptr, scale_ptr,
     freq_ptr, points_ptr,
-    M: tl.constexpr, M_PAD: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, FROM_Q: tl.constexpr,
-    GRAD_X: tl.constexpr, GRAD_VALUES_ATOMIC: tl.constexpr, SAVE_SLOT_WEIGHT: tl.constexpr,
+    M: tl.constexpr, M_PAD: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr,
+    FROM_Q: tl.constexpr, GRAD_X: tl.constexpr, GRAD_VALUES_ATOMIC: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, COORDS)
@@ -268,21 +271,29 @@ def _backward_kernel(
     scale = tl.load(scale_ptr + row)
     zf = tl.load(zf_ptr + row * COORDS + cols)
     cand = tl.load(cand_ptr + row * TOPK + slots, mask=slot_ok, other=0).to(tl.int32)
-    index = tl.load(index_ptr + row * TOPK + slots, mask=slot_ok, other=0)
     p = tl.load(points_ptr + cand[:, None] * COORDS + cols[None, :]).to(tl.float32)
     diff = zf[None, :] - p
     u = tl.where(slot_ok, tl.maximum(1.0 - tl.sum(diff * diff, axis=1) * 0.125, 0.0), 0.0)
     weight = (u * u) * (u * u)
+    tl.store(slot_weight_ptr + row * TOPK + slots, scale * weight, mask=slot_ok)  # the segment sums read it
+    tl.debug_barrier()
+    # the rows, CHUNK at a time: a_k = g . v_k (through memory, back to one slot per lane) and the value gradient
     g = tl.load(grad_out_ptr + row * M + value_cols, mask=value_ok, other=0.0).to(tl.float32)
-    ok = slot_ok[:, None] & value_ok[None, :]
-    if GRAD_VALUES_ATOMIC:
-        tl.atomic_add(grad_values_ptr + index.to(tl.int64)[:, None] * M + value_cols[None, :],
-                      (scale * weight)[:, None] * g[None, :], mask=ok, sem="relaxed")
-    if SAVE_SLOT_WEIGHT:
-        tl.store(slot_weight_ptr + row * TOPK + slots, scale * weight, mask=slot_ok)
+    for chunk in tl.range(TOPK_PAD // CHUNK, num_stages=1):
+        part = chunk * CHUNK + tl.arange(0, CHUNK)
+        part_ok = part < TOPK
+        part_index = tl.load(index_ptr + row * TOPK + part, mask=part_ok, other=0).to(tl.int64)
+        ok = part_ok[:, None] & value_ok[None, :]
+        pointers = part_index[:, None] * M + value_cols[None, :]
+        if GRAD_VALUES_ATOMIC:
+            part_weight = tl.load(slot_weight_ptr + row * TOPK + part, mask=part_ok, other=0.0)
+            tl.atomic_add(grad_values_ptr + pointers, part_weight[:, None] * g[None, :], mask=ok, sem="relaxed")
+        if GRAD_X:
+            rows_v = tl.load(values_ptr + pointers, mask=ok, other=0.0).to(tl.float32)
+            tl.store(along_ptr + row * TOPK + part, tl.sum(rows_v * g[None, :], axis=1), mask=part_ok)
     if GRAD_X:
-        rows_v = tl.load(values_ptr + index.to(tl.int64)[:, None] * M + value_cols[None, :], mask=ok, other=0.0)
-        along = tl.sum(rows_v.to(tl.float32) * g[None, :], axis=1)  # a_k = g . v_k
+        tl.debug_barrier()
+        along = tl.load(along_ptr + row * TOPK + slots, mask=slot_ok, other=0.0)
         grad_zf = -tl.sum((scale * along * (u * u * u))[:, None] * diff, axis=0)
         frame = tl.load(frame_ptr + row)
         position = (frame >> (3 * cols)) & 7
@@ -313,42 +324,40 @@ def _backward_kernel(
 
 
 @triton.jit
-def _segmented_add(value_a, start_a, value_b, start_b):
-    return tl.where(start_b != 0, value_b, value_a + value_b), start_a | start_b
-
-
-@triton.jit
 def _segment_sum_kernel(
     sorted_index_ptr, order_ptr, slot_weight_ptr, grad_out_ptr, target_ptr, grad_values_ptr, n_entries,
     M: tl.constexpr, M_PAD: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr, COMPACT: tl.constexpr,
 ):
-    """Sums s u^4 g over the runs of equal memory index in one chunk of the sorted (row, slot) entries.
+    """Sums s u^4 g over the runs of equal memory index in one chunk of the sorted (row, slot) entries, in order.
 
     A run that starts and ends in the chunk is stored (its row has no other writer); one cut by the chunk's
     edge is added atomically, so the dense gradient must start at zero."""
-    entries = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = entries < n_entries
-    index = tl.load(sorted_index_ptr + entries, mask=ok, other=-1)
-    before = tl.load(sorted_index_ptr + entries - 1, mask=ok & (entries > 0), other=-1)
-    after = tl.load(sorted_index_ptr + entries + 1, mask=entries + 1 < n_entries, other=-1)
-    entry = tl.load(order_ptr + entries, mask=ok, other=0)
-    slot_weight = tl.load(slot_weight_ptr + entry, mask=ok, other=0.0)
+    start = tl.program_id(0) * BLOCK
+    end = tl.minimum(start + BLOCK, n_entries)
     value_cols = tl.arange(0, M_PAD)
-    value_ok = value_cols[None, :] < M
-    grad = tl.load(grad_out_ptr + (entry // TOPK)[:, None] * M + value_cols[None, :], mask=ok[:, None] & value_ok,
-                   other=0.0).to(tl.float32)
-    starts = tl.broadcast_to((index != before).to(tl.int32)[:, None], (BLOCK, M_PAD))
-    sums, started_here = tl.associative_scan((slot_weight[:, None] * grad, starts), axis=0,
-                                             combine_fn=_segmented_add)
-    run_end = ok & ((index != after) | (tl.arange(0, BLOCK) == BLOCK - 1))
-    whole = (started_here != 0) & (index != after)[:, None]
-    if COMPACT:
-        target = tl.load(target_ptr + entries, mask=ok, other=0).to(tl.int64)
-    else:
-        target = index.to(tl.int64)
-    pointers = grad_values_ptr + target[:, None] * M + value_cols[None, :]
-    tl.store(pointers, sums, mask=run_end[:, None] & whole & value_ok)
-    tl.atomic_add(pointers, sums, mask=run_end[:, None] & ~whole & value_ok, sem="relaxed")
+    value_ok = value_cols < M
+    run = tl.load(sorted_index_ptr + start)
+    whole = (run != tl.load(sorted_index_ptr + start - 1, mask=start > 0, other=-1)).to(tl.int32)  # began here
+    run_start = start
+    acc = tl.zeros((M_PAD,), tl.float32)
+    for e in range(start, end):
+        index = tl.load(sorted_index_ptr + e)
+        if index != run:  # the run ended at e - 1, inside the chunk
+            target = tl.load(target_ptr + run_start).to(tl.int64) if COMPACT else run.to(tl.int64)
+            tl.store(grad_values_ptr + target * M + value_cols, acc, mask=value_ok & (value_cols * 0 + whole != 0))
+            tl.atomic_add(grad_values_ptr + target * M + value_cols, acc, mask=value_ok & (value_cols * 0 + whole == 0),
+                          sem="relaxed")
+            acc = tl.zeros((M_PAD,), tl.float32)
+            run = index
+            run_start = e
+            whole = 1
+        entry = tl.load(order_ptr + e)
+        grad = tl.load(grad_out_ptr + (entry // TOPK) * M + value_cols, mask=value_ok, other=0.0).to(tl.float32)
+        acc += tl.load(slot_weight_ptr + entry) * grad
+    whole = whole * (run != tl.load(sorted_index_ptr + end, mask=end < n_entries, other=-1)).to(tl.int32)  # and ends
+    target = tl.load(target_ptr + run_start).to(tl.int64) if COMPACT else run.to(tl.int64)
+    tl.store(grad_values_ptr + target * M + value_cols, acc, mask=value_ok & (value_cols * 0 + whole != 0))
+    tl.atomic_add(grad_values_ptr + target * M + value_cols, acc, mask=value_ok & (value_cols * 0 + whole == 0), sem="relaxed")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -413,14 +422,14 @@ def _forward(x_rows, values, K, topk, from_q, read, save, out_dtype=torch.float3
     zf = torch.empty(n, DIM, dtype=torch.float32, device=device) if save else out
     frame = torch.empty(n, dtype=torch.int32, device=device) if save else cand
     scale = torch.empty(n, dtype=torch.float32, device=device) if save else out
-    place = torch.empty(n, 7 * DIM, dtype=torch.float32, device=device)  # scratch: the frame, by place
+    place = torch.empty(n, 6 * DIM, dtype=torch.float32, device=device)  # scratch: the frame, by place
     place_stride = torch.empty(n, DIM, dtype=torch.int32, device=device)
     if n:
         _forward_kernel[(n,)](
             x_rows, values if read else out, out, cand, index, weight, zf, frame, scale, place, place_stride,
             freq, half_periods, strides, points_t, norms, points16, memory_size(K) // 2,
             CHUNK=min(8, triton.next_power_of_2(topk)), FROM_Q=from_q, READ=read, SAVE=save,
-            num_warps=1, **_meta(topk, M))
+            num_warps=1, **_meta(topk, M), **({"maxnreg": REGISTERS} if read else {}))
     return out, cand, index, weight, zf, frame, scale
 
 
@@ -452,13 +461,15 @@ class _Read(torch.autograd.Function):
         dense = need_values and not ctx.sparse
         grad_x = torch.empty(x_rows.shape, dtype=torch.float32, device=x_rows.device) if need_x else scale
         grad_values = torch.zeros(values.shape, dtype=torch.float32, device=values.device) if dense else None
-        slot_weight = torch.empty(n, topk, dtype=torch.float32, device=x_rows.device) if segment else scale
+        slot_weight = torch.empty(n, topk, dtype=torch.float32, device=x_rows.device)  # s u^4 per slot
+        along = torch.empty(n, topk, dtype=torch.float32, device=x_rows.device) if need_x else scale  # g . v_k
         freq, _, _, _, _, points16 = _tables(K, x_rows.device)
         if n and (need_x or need_values):
             _backward_kernel[(n,)](
-                x_rows, values, grad_rows, grad_x, grad_values if atomic else scale, slot_weight,
-                cand, index, zf, frame, scale, freq, points16, FROM_Q=ctx.from_q, GRAD_X=need_x,
-                GRAD_VALUES_ATOMIC=atomic, SAVE_SLOT_WEIGHT=segment, num_warps=1, **_meta(topk, M))
+                x_rows, values, grad_rows, grad_x, grad_values if atomic else scale, slot_weight, along,
+                cand, index, zf, frame, scale, freq, points16, CHUNK=min(8, triton.next_power_of_2(topk)),
+                FROM_Q=ctx.from_q, GRAD_X=need_x, GRAD_VALUES_ATOMIC=atomic, num_warps=1, maxnreg=REGISTERS,
+                **_meta(topk, M))
         if segment:
             grad_values = _segment_sum(grad_rows, index, slot_weight, grad_values, topk, values.shape)
             if ctx.sparse:
@@ -488,7 +499,8 @@ def _segment_sum(grad_rows, index, slot_weight, grad_values, topk, shape):
     if n_entries:
         _segment_sum_kernel[(triton.cdiv(n_entries, SEGMENT_BLOCK),)](
             sorted_index, order, slot_weight, grad_rows, target, grad_values, n_entries,
-            M=M, M_PAD=triton.next_power_of_2(max(M, 1)), TOPK=topk, BLOCK=SEGMENT_BLOCK, COMPACT=compact)
+            M=M, M_PAD=triton.next_power_of_2(max(M, 1)), TOPK=topk, BLOCK=SEGMENT_BLOCK, COMPACT=compact,
+            num_warps=1)
     return (rows_read, grad_values) if compact else grad_values
 
 
@@ -588,10 +600,15 @@ def cost_spec(kernel, constants, signature, spec):
         probes, tie_trips = probes.float().mean().item(), 8 * tie.float().mean().item()
         read = topk * m * value_bytes if constants["READ"] else 0
         moved = read + 16 * 4 + m * 2 + topk * (2 + 4 * constants["SAVE"]) + 40 * constants["SAVE"]
-        return spec(1, [probes, tie_trips], moved, f"loops: mean {probes:.2f} probes, {tie_trips:.3f} tie steps "
+        trips = [probes, tie_trips] + [triton.next_power_of_2(topk) // constants["CHUNK"]] * constants["READ"]
+        return spec(1, trips, moved, f"loops: mean {probes:.2f} probes, {tie_trips:.3f} tie steps "
                                                    f"over 4096 random queries")
     if kernel == "_backward_kernel":
         moved = topk * m * value_bytes * constants["GRAD_X"] + topk * m * 4 * constants["GRAD_VALUES_ATOMIC"]
-        moved += 16 * 8 + m * 2 + topk * 6 + 40 + topk * 4 * constants["SAVE_SLOT_WEIGHT"]
-        return spec(1, [], moved)
+        moved += 16 * 8 + m * 2 + topk * 6 + 40 + topk * 4 * (1 + constants["GRAD_X"])
+        return spec(1, [triton.next_power_of_2(topk) // constants["CHUNK"]], moved)
+    if kernel == "_segment_sum_kernel":  # per lookup: its TOPK entries; a row's gradient is written about once
+        per_entry = m * 4 + 4 + 8 + 4 + 4 * constants["COMPACT"]
+        return spec(constants["BLOCK"] / topk, [constants["BLOCK"]], topk * per_entry + topk * m * 4,
+                    "entries summed in order, one loop trip each")
     return None
