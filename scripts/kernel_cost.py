@@ -191,6 +191,7 @@ def cost_row(project, launch, arch):
     row = {
         "project": project, "kernel": launch["kernel"], "triton": triton.__version__, "arch": f"sm_{arch}",
         "pointers": compile_kernels._pointer_dtypes(launch["signature"]),
+        "values": launch["signature"].get("values_ptr", "-").lstrip("*"),
         "constants": compile_kernels._constants_text(constants),
         "warps": warps, "regs": usage.get("reg", 0), "spill": usage.get("local", 0), "stack": usage.get("stack", 0),
         "spill_instructions": int(whole.local), "shared": compiled.metadata.shared,
@@ -212,7 +213,7 @@ def cost_row(project, launch, arch):
     return row
 
 
-COLUMNS = ["project", "kernel", "triton", "arch", "pointers", "constants", "warps", "regs", "spill", "stack",
+COLUMNS = ["project", "kernel", "triton", "arch", "pointers", "values", "constants", "warps", "regs", "spill", "stack",
            "spill_instructions", "shared",
            "occupancy", "sass", "loops", "kernel_shfl", "kernel_bar", "kernel_membar", "kernel_atomics", "kernel_ldg",
            "hot_loop", "hot_shfl", "hot_bar", "hot_membar", "hot_atomics", "hot_ldg", "lookups_per_program",
@@ -227,7 +228,7 @@ def print_table(rows):
           f"kernel; hot: instructions in its hottest loop (shfl/bar/membar/atom of the kernel, then of the loop); "
           f"instr/lookup: warp-instructions executed per lookup; issue/HBM ns: per lookup on an H100 SXM if bound "
           f"by instruction issue / by HBM (spec-sheet model)")
-    header = (f"{'kernel':<34}{'arch':<7}{'ptrs':<14}{'warps':>5}{'regs':>5}{'spill':>6}{'occ':>5}{'sass':>6}"
+    header = (f"{'kernel':<34}{'arch':<7}{'values':<7}{'warps':>5}{'regs':>5}{'spill':>6}{'occ':>5}{'sass':>6}"
               f"{'hot':>5}  {'shfl/bar/membar/atom':<22}{'instr/lookup':>13}{'bytes':>7}{'issue ns':>9}{'HBM ns':>8}"
               f"  constants")
     print(header)
@@ -236,7 +237,7 @@ def print_table(rows):
         mix = (f"{row['kernel_shfl']}/{row['kernel_bar']}/{row['kernel_membar']}/{row['kernel_atomics']} "
                f"({row['hot_shfl']}/{row['hot_bar']}/{row['hot_membar']}/{row['hot_atomics']})")
         per_lookup = row.get("warp_instr_per_lookup", "-")
-        print(f"{row['project'] + '.' + row['kernel']:<34}{row['arch']:<7}{row['pointers']:<14}{row['warps']:>5}"
+        print(f"{row['project'] + '.' + row['kernel']:<34}{row['arch']:<7}{row['values']:<7}{row['warps']:>5}"
               f"{row['regs']:>5}{row['spill'] + row['spill_instructions']:>6}{row['occupancy']:>5.0%}{row['sass']:>6}{row['hot_loop']:>5}  "
               f"{mix:<22}{per_lookup:>13}{row.get('bytes_per_lookup', '-'):>7}{row.get('issue_ns_per_lookup', '-'):>9}"
               f"{row.get('hbm_ns_per_lookup', '-'):>8}  {row['constants']}")
@@ -249,6 +250,8 @@ def main(argv=None):
     parser.add_argument("--arch", type=int, choices=sorted(SM_LIMITS), default=90,
                         help="compute capability as one number (default 90: H100/H200)")
     parser.add_argument("--csv", type=Path, help="also write the table to this CSV file")
+    parser.add_argument("--append", action="store_true",
+                        help="add the rows to the CSV file (e.g. another Triton version's) instead of replacing it")
     args = parser.parse_args(argv)
 
     compile_kernels.prepare_compiling()
@@ -261,9 +264,11 @@ def main(argv=None):
         rows += [cost_row(project, launch, args.arch) for launch in launches]
     print_table(rows)
     if args.csv:
-        with open(args.csv, "w", newline="") as file:
+        append = args.append and args.csv.exists()
+        with open(args.csv, "a" if append else "w", newline="") as file:
             writer = csv.DictWriter(file, fieldnames=COLUMNS, extrasaction="ignore")
-            writer.writeheader()
+            if not append:
+                writer.writeheader()
             writer.writerows(rows)
     return rows
 
