@@ -165,7 +165,9 @@ class LRAMBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         read = theta(self.heads(x), self.values, self.K, self.topk, self.use_triton, self.value_grad,
                      self.sparse_values)
-        return self.out(read.flatten(-2).to(x.dtype))
+        read = read.flatten(-2)
+        # the kernel already wrote the autocast dtype (bf16, fp16), which the output layer takes as it is
+        return self.out(read if read.dtype in (torch.bfloat16, torch.float16) else read.to(x.dtype))
 
     @torch.no_grad()
     def read_locations(self, x: torch.Tensor):
