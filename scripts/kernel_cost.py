@@ -224,10 +224,11 @@ COLUMNS = ["project", "kernel", "triton", "arch", "pointers", "values", "constan
 def print_table(rows):
     import triton
 
-    print(f"Triton {triton.__version__}. regs: per thread; spill: bytes spilled plus LDL/STL instructions; occ: theoretical occupancy; sass: instructions in the "
-          f"kernel; hot: instructions in its hottest loop (shfl/bar/membar/atom of the kernel, then of the loop); "
-          f"instr/lookup: warp-instructions executed per lookup; issue/HBM ns: per lookup on an H100 SXM if bound "
-          f"by instruction issue / by HBM (spec-sheet model)")
+    print(f"Triton {triton.__version__}. values: dtype of the value table; regs: per thread; spill: bytes spilled "
+          f"plus LDL/STL instructions; occ: theoretical occupancy; sass: instructions in the kernel; hot: "
+          f"instructions in its hottest loop (shfl/bar/membar/atom of the kernel, then of the loop); instr/lookup: "
+          f"warp-instructions executed per lookup; issue/HBM ns: per lookup on an H100 SXM if bound by "
+          f"instruction issue / by HBM (spec-sheet model)")
     header = (f"{'kernel':<34}{'arch':<7}{'values':<7}{'warps':>5}{'regs':>5}{'spill':>6}{'occ':>5}{'sass':>6}"
               f"{'hot':>5}  {'shfl/bar/membar/atom':<22}{'instr/lookup':>13}{'bytes':>7}{'issue ns':>9}{'HBM ns':>8}"
               f"  constants")
@@ -237,10 +238,11 @@ def print_table(rows):
         mix = (f"{row['kernel_shfl']}/{row['kernel_bar']}/{row['kernel_membar']}/{row['kernel_atomics']} "
                f"({row['hot_shfl']}/{row['hot_bar']}/{row['hot_membar']}/{row['hot_atomics']})")
         per_lookup = row.get("warp_instr_per_lookup", "-")
+        spill = row["spill"] + row["spill_instructions"]
         print(f"{row['project'] + '.' + row['kernel']:<34}{row['arch']:<7}{row['values']:<7}{row['warps']:>5}"
-              f"{row['regs']:>5}{row['spill'] + row['spill_instructions']:>6}{row['occupancy']:>5.0%}{row['sass']:>6}{row['hot_loop']:>5}  "
-              f"{mix:<22}{per_lookup:>13}{row.get('bytes_per_lookup', '-'):>7}{row.get('issue_ns_per_lookup', '-'):>9}"
-              f"{row.get('hbm_ns_per_lookup', '-'):>8}  {row['constants']}")
+              f"{row['regs']:>5}{spill:>6}{row['occupancy']:>5.0%}{row['sass']:>6}{row['hot_loop']:>5}  "
+              f"{mix:<22}{per_lookup:>13}{row.get('bytes_per_lookup', '-'):>7}"
+              f"{row.get('issue_ns_per_lookup', '-'):>9}{row.get('hbm_ns_per_lookup', '-'):>8}  {row['constants']}")
 
 
 def main(argv=None):

@@ -3,15 +3,18 @@
 One program of one warp serves one lookup (a token's head), so no step needs more than the warp:
 1. torus query (fused): the head's 16 inputs z give the harmonic scale s and q_i = K_i / (2 pi) arg z_i
    (arg by a polynomial: the interpreter has no atan2); or q is given (interpolate_triton, lookup_triton).
-2. the nearest lattice point c and the signed permutation into the fundamental region F (paper 2.6), z_F.
-3. d2 = |z_F - p|^2 for the 232 FUNDAMENTAL_POINTS p, 8 per lane.
+2. the nearest lattice point c and the signed permutation into the fundamental region F (paper 2.6), z_F,
+   one coordinate per lane; its results go through a small per-lookup scratch in memory (a store to the
+   permuted address is the permutation, and memory keeps the compiler from recomputing this part in the
+   layouts below, where every lane holds all 8 coordinates).
+3. d2 = |z_F - p|^2 for the 232 FUNDAMENTAL_POINTS p, 32 lanes x 8.
 4. the exact top-k by a threshold search on the count of d2 below it (warp reductions, no sort): probes
    interpolate the count as a function of d2^4 (a ball's volume), every third probe bisects; it stops when
    exactly k lie below. If two candidates share the boundary's d2 exactly, the earlier point wins, as in the
    reference's stable sort. The chosen candidates are written compacted (prefix sum) to a per-slot buffer.
 5. per slot (one lane each): the lattice point, its memory index (int32) and weight u^4, u = 1 - d2/8.
-6. the weighted sum of the k value rows (fp32 or bf16, fp32 accumulation), all rows loaded at once as a
-   [k, m] tile, scaled by s and written in the output dtype (fused cast).
+6. the weighted sum of the k value rows (fp32 or bf16, fp32 accumulation), 8 rows at a time (each a
+   coalesced [8, m] tile), scaled by s and written in the output dtype (fused cast).
 The forward saves what the backward needs (per slot the memory index and the candidate; per lookup z_F, the
 permutation and signs packed in one int32, and s), so the backward does not select again. Per lookup it
 gathers the k rows once for a_k = g . v_k and returns
@@ -19,9 +22,9 @@ gathers the k rows once for a_k = g . v_k and returns
     dL/ds   = sum_k u_k^4 a_k
     dL/dv_k += s u_k^4 g                             by relaxed atomics ("atomic"), or without per-entry atomics
                                                      ("segment"): entries sorted by int32 memory index, each
-                                                     chunk of the sorted list sums its runs and stores them,
-                                                     runs cut by a chunk's edge are added atomically. No
-                                                     host synchronisation on the dense path.
+                                                     chunk of 32 sorted entries sums its runs in order and
+                                                     stores them, runs cut by a chunk's edge are added
+                                                     atomically. No host synchronisation on the dense path.
 With sparse=True the value gradient is a sparse COO tensor of the rows read (the segment sums written
 compactly; the number of rows read is the one host synchronisation of that path).
 scripts/kernel_cost.py prints what each kernel costs per lookup (projects/lram_gpt/kernel_cost.csv).
@@ -315,7 +318,8 @@ def _backward_kernel(
             at_zero = squared == 0.0
             re_arg = tl.where(at_zero, 1.0, re)
             # s = 1 / sum(1 / |z_i|), |z_i| = sqrt(max(re^2 + im^2, tiny)); q_i = K_i/(2 pi) atan2(im, re')
-            grad_squared = tl.where(squared >= TINY, grad_scale * scale * scale / (2.0 * modulus * modulus * modulus), 0.0)
+            grad_squared = tl.where(squared >= TINY,
+                                    grad_scale * scale * scale / (2.0 * modulus * modulus * modulus), 0.0)
             grad_angle = grad_q * tl.load(freq_ptr + cols) / (re_arg * re_arg + im * im)
             grad_re = 2.0 * re * grad_squared - tl.where(at_zero, 0.0, grad_angle * im)
             grad_im = 2.0 * im * grad_squared + grad_angle * re_arg
@@ -354,10 +358,12 @@ def _segment_sum_kernel(
         entry = tl.load(order_ptr + e)
         grad = tl.load(grad_out_ptr + (entry // TOPK) * M + value_cols, mask=value_ok, other=0.0).to(tl.float32)
         acc += tl.load(slot_weight_ptr + entry) * grad
-    whole = whole * (run != tl.load(sorted_index_ptr + end, mask=end < n_entries, other=-1)).to(tl.int32)  # and ends
+    ends_here = run != tl.load(sorted_index_ptr + end, mask=end < n_entries, other=-1)
+    whole = whole * ends_here.to(tl.int32)
     target = tl.load(target_ptr + run_start).to(tl.int64) if COMPACT else run.to(tl.int64)
     tl.store(grad_values_ptr + target * M + value_cols, acc, mask=value_ok & (value_cols * 0 + whole != 0))
-    tl.atomic_add(grad_values_ptr + target * M + value_cols, acc, mask=value_ok & (value_cols * 0 + whole == 0), sem="relaxed")
+    tl.atomic_add(grad_values_ptr + target * M + value_cols, acc, mask=value_ok & (value_cols * 0 + whole == 0),
+                  sem="relaxed")
 
 
 # ---------------------------------------------------------------------------------------------------

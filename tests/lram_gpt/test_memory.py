@@ -122,7 +122,8 @@ def test_cpu_tensors_take_the_reference_path_unless_forced(monkeypatch):
     from projects.lram_gpt import lookup_triton
 
     calls = []
-    monkeypatch.setattr(lookup_triton, "theta_triton", lambda *args: calls.append(args) or theta(*args[:4], use_triton=False))
+    monkeypatch.setattr(lookup_triton, "theta_triton",
+                        lambda *args: calls.append(args) or theta(*args[:4], use_triton=False))
     z, values = torch.randn(3, 16), torch.randn(256, 4)
     theta(z, values, SMALL)
     assert not calls
