@@ -58,6 +58,14 @@ def _scenarios(project):
                        lambda block=block, x=x: forward_backward(block, x, autocast=True))
         block = LRAMBlock(32, memory_size=2 ** 16, use_triton=True)
         yield "read_locations", lambda: block.read_locations(torch.randn(1, 5, 32))
+        yield "fp32 without autocast", lambda: forward_backward(block, torch.randn(1, 3, 32), autocast=False)
+        from projects.lram_gpt.lookup_triton import interpolate_triton
+
+        def lookup_from_coordinates():  # phi(q) and its gradients: the kernels without the torus query
+            q = (torch.randn(3, 8) * 8).requires_grad_()
+            interpolate_triton(q, block.values, block.K).square().sum().backward()
+
+        yield "interpolate_triton", lookup_from_coordinates
     elif project == "pkm_gpt":
         from projects.pkm_gpt.pkm import LRAM_PAPER_PKM, ProductKeyMemory
 

@@ -51,7 +51,8 @@ HEAD_INPUTS = 2 * DIM
 POINTS_PAD = 256  # the 232 points padded to 32 lanes x 8
 SEGMENT_BLOCK = 32  # sorted (row, slot) entries per program of the segment sums, summed in order
 # Registers per thread: a one-warp program at 64 lets an SM hold 32 of them (its most), 50% occupancy (sm_80,
-# sm_90); ptxas meets the cap without spilling (scripts/kernel_cost.py counts LDL/STL).
+# sm_90). ptxas meets the cap without spilling (scripts/kernel_cost.py counts LDL/STL) for theta's forward and
+# every backward; the forward from lattice coordinates (interpolate_triton, lookup_triton) goes uncapped.
 REGISTERS = 64
 COORDS = tl.constexpr(DIM)  # compiled kernels may read a global only if it is a constexpr
 FIRST_PROBE = tl.constexpr(8.0)  # d2 = 8 is the kernel's support: ~65 points lie below it (paper Table 1)
@@ -435,7 +436,7 @@ def _forward(x_rows, values, K, topk, from_q, read, save, out_dtype=torch.float3
             x_rows, values if read else out, out, cand, index, weight, zf, frame, scale, place, place_stride,
             freq, half_periods, strides, points_t, norms, points16, memory_size(K) // 2,
             CHUNK=min(8, triton.next_power_of_2(topk)), FROM_Q=from_q, READ=read, SAVE=save,
-            num_warps=1, **_meta(topk, M), **({"maxnreg": REGISTERS} if read else {}))
+            num_warps=1, **_meta(topk, M), **({"maxnreg": REGISTERS} if read and not from_q else {}))
     return out, cand, index, weight, zf, frame, scale
 
 
