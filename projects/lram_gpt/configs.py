@@ -32,6 +32,7 @@ class ModelConfig:
     memory_query_norm: str = "layer"  # layer (causal), batch (the paper's; not causal) or none
     memory_value_grad: str = "atomic"  # Triton value-gradient reduction: atomic or segment
     sparse_values: bool = False  # value gradient as sparse rows, for a lazy (SparseAdam) optimiser group
+    memory_value_dtype: str = "float32"  # the value table: float32 or bfloat16 (half the bytes per lookup)
     value_lr_multiplier: float = 10.0  # the value table's learning rate over the rest's (LRAM paper 3.2)
 
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from projects.lram_gpt.configs import ModelConfig
 from projects.lram_gpt.lattice import DIM, FUNDAMENTAL_POINTS
-from projects.lram_gpt.memory import LRAMBlock, MemoryAccessStats
+from projects.lram_gpt.memory import VALUE_DTYPES, LRAMBlock, MemoryAccessStats
 
 TORUS_QUERY_FLOPS = DIM * 7 + DIM
 
@@ -94,9 +94,11 @@ def memory_layer_index(cfg: ModelConfig) -> int:
 
 
 def lram_block(cfg: ModelConfig) -> LRAMBlock:
+    if cfg.memory_value_dtype not in VALUE_DTYPES:
+        raise ValueError(f"memory_value_dtype must be one of {list(VALUE_DTYPES)}, got {cfg.memory_value_dtype!r}")
     return LRAMBlock(cfg.d_model, memory_size=cfg.memory_size, value_dim=cfg.memory_value_dim, topk=cfg.memory_topk,
                      query_norm=cfg.memory_query_norm, value_grad=cfg.memory_value_grad,
-                     sparse_values=cfg.sparse_values)
+                     sparse_values=cfg.sparse_values, value_dtype=VALUE_DTYPES[cfg.memory_value_dtype])
 
 
 class Model(nn.Module):
