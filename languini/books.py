@@ -3,12 +3,16 @@
 On disk (read unchanged from the official release, and written by scripts/prepare_books.py):
     <data_root>/books_<vocab>/files/<name>.npy      one token array per book (uint16 when vocab < 65535)
     file_list_<split>.npy                            rows of (path, length), next to files/ or in <data_root>
-A book's path in a file list is relative to books_<vocab>/ (or to books_<vocab>/files/).
+A book's path in a file list is relative to books_<vocab>/ (or to books_<vocab>/files/). The official
+release keeps one set of file lists, in <data_root> beside every books_<vocab>/, so a list's length column
+is not the token count of every vocabulary: as in the official loader, the lengths only balance books over
+streams, and every book is read to the end of its token file.
 
 Batching: the books of a split, in file-list order, are handed greedily to `n_streams` streams (each
-book goes to the stream with the fewest tokens so far). A stream is its books joined by an end-of-document
-token. Step s of training reads tokens [s*T, s*T + T + 1) of every stream, so a stateful model sees
-contiguous text per stream, and the data of a step depends only on the step number (exact resume).
+book goes to the stream with the fewest tokens so far, by the list's lengths). A stream is its books joined
+by an end-of-document token. Step s of training reads tokens [s*T, s*T + T + 1) of every stream, so a
+stateful model sees contiguous text per stream, and the data of a step depends only on the step number
+(exact resume).
 """
 from __future__ import annotations
 
@@ -17,13 +21,16 @@ import functools
 import hashlib
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-END_OF_DOC = 2  # SentencePiece's </s>, as in the official Languini code
+# Token 2 ends a document: <D> in the official vocabularies (a user-defined piece that decodes to the three
+# characters "<D>"), </s> in the ones prepare_books.py trains (a control token that decodes to nothing).
+END_OF_DOC = 2
 PAD = 0  # pad positions are masked out of the loss; the id itself never matters
 
 # Official file-list names for the official split names; any other split X lives in file_list_X.npy.
@@ -37,6 +44,8 @@ OFFICIAL_SPLIT_FILES = {
     "wood": "file_list_test_woodworking.npy",
 }
 INTEGRITY_FILE = "integrity.json"
+# The official README's hash of `integrity_test.py data/books/books_16384` (see listing_digest).
+OFFICIAL_LISTING_SHA256 = {"books_16384": "0957d626c108d0075c18a5a99fa766533a46b2fba833061fdce445c6066558f7"}
 
 
 class DataError(RuntimeError):
@@ -58,10 +67,54 @@ def file_list_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def listing_digest(folder: Path) -> str:
+    """The official release's integrity hash of a folder: SHA-256 over one line "<size>\t<file name>\n" per
+    file below it, sorted by name, then size. It sees names and sizes, not contents."""
+    files = sorted((p.name, p.stat().st_size) for p in Path(folder).rglob("*") if p.is_file())
+    digest = hashlib.sha256()
+    for name, size in files:
+        digest.update(f"{size}\t{name}\n".encode())
+    return digest.hexdigest()
+
+
 @dataclass(frozen=True)
 class Book:
     path: Path
-    length: int  # tokens, without the end-of-document token
+    list_length: int  # the file list's length column: it only balances books over streams
+
+
+class ListLengthWarning(UserWarning):
+    """A file list's lengths differ from its token files (as in the official release, whose lists serve every
+    vocabulary)."""
+
+
+_warned_about_lengths: set[Path] = set()
+
+
+def _warn_list_length(book: Book, tokens: int) -> None:
+    folder = book.path.parent
+    if folder in _warned_about_lengths:
+        return
+    _warned_about_lengths.add(folder)
+    warnings.warn(f"{book.path} holds {tokens} tokens but its file list says {book.list_length} (the official "
+                  "release has one set of lists for every vocabulary). As the official loader does, the lists' "
+                  "lengths only balance books over streams and every book is read to its end. Shown once for "
+                  f"{folder}.", ListLengthWarning, stacklevel=3)
+
+
+def token_count(path: Path) -> int:
+    """Tokens in a book's .npy file, read from its header alone."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0)
+            shape, _, _ = read_header(f)
+    except Exception as e:  # numpy raises several types for truncated or foreign files
+        raise DataError(f"Cannot read {path} ({e}); prepare the dataset again.") from e
+    if len(shape) != 1:
+        raise DataError(f"{path} holds an array of shape {shape}, not a sequence of tokens; prepare it again.")
+    return shape[0]
 
 
 class BooksDataset:
@@ -147,24 +200,38 @@ def distribute(lengths: list[int], n_streams: int) -> list[list[int]]:
 
 
 class Stream:
-    """Books joined by END_OF_DOC, addressed by token position; optionally repeating forever."""
+    """Books joined by END_OF_DOC, addressed by token position; optionally repeating forever.
+
+    A book's length is read from its file's header when the stream first reaches it, so a stream of many
+    thousand books opens instantly.
+    """
 
     def __init__(self, books: list[Book], vocab_size: int, repeat: bool):
         self.books, self.vocab_size, self.repeat = books, vocab_size, repeat
-        self.starts = np.cumsum([0] + [b.length + 1 for b in books]).tolist()
-        self.length = self.starts[-1]  # one cycle, end-of-document tokens included
+        self.starts = [0]  # starts[i]: position of book i; one more entry per book measured so far
         self._open: tuple[int, np.ndarray] | None = None
+
+    def _measure(self, until: int | None = None) -> None:
+        """Read book lengths until position `until` lies inside a measured book (None: all of them)."""
+        while len(self.starts) <= len(self.books) and (until is None or self.starts[-1] <= until):
+            book = self.books[len(self.starts) - 1]
+            tokens = token_count(book.path)
+            if tokens != book.list_length:
+                _warn_list_length(book, tokens)
+            self.starts.append(self.starts[-1] + tokens + 1)
+
+    @property
+    def length(self) -> int:
+        """Tokens in one cycle, end-of-document tokens included."""
+        self._measure()
+        return self.starts[-1]
 
     def _book(self, i: int) -> np.ndarray:
         if self._open is None or self._open[0] != i:
-            book = self.books[i]
             try:
-                tokens = np.load(book.path, mmap_mode="r")
+                tokens = np.load(self.books[i].path, mmap_mode="r")
             except Exception as e:
-                raise DataError(f"Cannot read {book.path} ({e}); prepare the dataset again.") from e
-            if tokens.ndim != 1 or len(tokens) != book.length:
-                raise DataError(f"{book.path} holds {tokens.shape} tokens but its file list says {book.length}: "
-                                "the dataset is corrupt; prepare it again.")
+                raise DataError(f"Cannot read {self.books[i].path} ({e}); prepare the dataset again.") from e
             self._open = (i, tokens)
         return self._open[1]
 
@@ -175,14 +242,16 @@ class Stream:
         if not self.repeat:
             end = min(end, self.length)
         while pos < end:
-            cycle_pos = pos % self.length if self.repeat else pos
+            self._measure(until=pos)
+            cycle_pos = pos if pos < self.starts[-1] else pos % self.starts[-1]  # past one cycle: all measured
             i = bisect.bisect_right(self.starts, cycle_pos) - 1
             offset = cycle_pos - self.starts[i]
-            take = min(end - pos, self.books[i].length + 1 - offset)
-            book = self._book(i)
+            book_tokens = self.starts[i + 1] - self.starts[i] - 1
+            take = min(end - pos, book_tokens + 1 - offset)
             piece = np.empty(take, dtype=np.int64)
-            from_book = min(take, self.books[i].length - offset)
-            piece[:from_book] = book[offset:offset + from_book]
+            from_book = min(take, book_tokens - offset)
+            if from_book > 0:
+                piece[:from_book] = self._book(i)[offset:offset + from_book]
             piece[from_book:] = END_OF_DOC  # at most one token: the separator after the book
             out.append(piece)
             pos += take
@@ -209,7 +278,7 @@ class TrainBatches:
             raise ValueError(f"per-process batch {local} is not divisible into {micro_batches} micro-batches")
         if not books:
             raise DataError("The training split holds no books.")
-        assignment = distribute([b.length for b in books], global_batch_size)
+        assignment = distribute([b.list_length for b in books], global_batch_size)
         self.stream_ids = list(range(rank, global_batch_size, world_size))
         empty = [s for s in self.stream_ids if not assignment[s]]
         if empty:
@@ -234,7 +303,7 @@ def eval_batches(books: list[Book], vocab_size: int, batch_size: int, seq_len: i
     """
     if batch_size % world_size:
         raise ValueError(f"eval batch size {batch_size} is not divisible by {world_size} processes")
-    assignment = distribute([b.length for b in books], batch_size)
+    assignment = distribute([b.list_length for b in books], batch_size)
     # Streams without books (fewer books than the batch) would only add rows of padding.
     streams = [Stream([books[i] for i in assignment[s]], vocab_size, repeat=False)
                for s in range(rank, batch_size, world_size) if assignment[s]]
@@ -253,35 +322,53 @@ def eval_batches(books: list[Book], vocab_size: int, batch_size: int, seq_len: i
         yield seq[:, :-1], seq[:, 1:], valid[:, 1:]
 
 
-def sliding_windows(books: list[Book], vocab_size: int, seq_len: int, stride: int, batch_size: int,
-                    rank: int = 0, world_size: int = 1, max_windows: int | None = None):
-    """The slow eval of section 4.2.1: the split as one stream, windows of seq_len moved by `stride`.
+SLOW_EVAL_PROTOCOLS = ("last_n", "every_target")
 
-    The first window scores all its predictions, every later one only its last `stride`, so every target is
-    scored exactly once and, after the first window, with at least seq_len - stride tokens of context.
-    Windows are independent, so they are batched (`batch_size` at a time) with the same numbers as batch 1.
-    Yields (inputs, targets, mask) of shape (n, seq_len).
+
+def window_plan(stream_length: int, seq_len: int, last_n: int, protocol: str) -> list[tuple[int, int, int]]:
+    """The windows of the slow eval over a stream of `stream_length` tokens, as (first input position, first
+    and last scored target position), where target position t is predicted from the tokens before it.
+
+    last_n (the official eval.py, which made the paper's tables): windows start at 0, last_n, 2 last_n, ...
+    and each, the first included, scores only its last `last_n` targets, so every target from position
+    seq_len - last_n + 1 on is scored once with at least seq_len - last_n tokens of context, and the first
+    seq_len - last_n targets of the split are not scored; the last window may be short (padded).
+    every_target: the first window scores all its targets, every later one, moved by last_n, its last
+    last_n; the last window ends on the last target. Every target is scored once.
     """
-    if not 0 < stride <= seq_len:
-        raise ValueError(f"stride must be in (0, seq_len], got {stride}")
+    if protocol not in SLOW_EVAL_PROTOCOLS:
+        raise ValueError(f"slow eval protocol must be one of {', '.join(SLOW_EVAL_PROTOCOLS)}, not {protocol!r}")
+    if not 0 < last_n <= seq_len:
+        raise ValueError(f"last_n must be in (0, seq_len={seq_len}], got {last_n}")
+    last = stream_length - 1  # position of the last target
+    if protocol == "last_n":
+        first = seq_len - last_n + 1
+        return [(start, start + first, min(start + seq_len, last)) for start in range(0, last - first + 1, last_n)]
+    windows, end = [(0, 1, min(seq_len, last))], min(seq_len, last)
+    while end < last:
+        new_end = min(end + last_n, last)
+        windows.append((max(new_end - seq_len, 0), end + 1, new_end))
+        end = new_end
+    return windows
+
+
+def sliding_windows(books: list[Book], vocab_size: int, seq_len: int, last_n: int, batch_size: int,
+                    rank: int = 0, world_size: int = 1, max_windows: int | None = None, protocol: str = "last_n"):
+    """The slow eval of section 4.2.1: the split as one stream, in windows of seq_len (see window_plan).
+
+    Windows are independent, so they are batched (`batch_size` at a time) with the same numbers as batch 1
+    and shared among `world_size` processes. Yields (inputs, targets, mask) of shape (n, seq_len).
+    """
     stream = Stream(books, vocab_size, repeat=False)
-    last = stream.length - 1  # index of the last target
-    ends, e = [], min(seq_len, last)
-    ends.append(e)
-    while e < last:
-        e = min(e + stride, last)
-        ends.append(e)
-    if max_windows is not None:
-        ends = ends[:max_windows]
-    mine = list(range(rank, len(ends), world_size))
+    windows = window_plan(stream.length, seq_len, last_n, protocol)[:max_windows]
+    mine = windows[rank::world_size]
     for i in range(0, len(mine), batch_size):
-        seq = np.full((len(mine[i:i + batch_size]), seq_len + 1), PAD, dtype=np.int64)
-        mask = np.zeros((seq.shape[0], seq_len), dtype=bool)
-        for row, k in enumerate(mine[i:i + batch_size]):
-            start = max(ends[k] - seq_len, 0)
-            tokens = stream.read(start, ends[k] + 1 - start)
+        batch = mine[i:i + batch_size]
+        seq = np.full((len(batch), seq_len + 1), PAD, dtype=np.int64)
+        mask = np.zeros((len(batch), seq_len), dtype=bool)
+        for row, (start, first, last) in enumerate(batch):
+            tokens = stream.read(start, seq_len + 1)
             seq[row, :len(tokens)] = tokens
-            first_scored = 1 if k == 0 else ends[k - 1] + 1  # absolute index of the first new target
-            mask[row, first_scored - start - 1:len(tokens) - 1] = True
+            mask[row, first - start - 1:last - start] = True  # the target at position t is column t - start - 1
         seq = torch.from_numpy(seq)
         yield seq[:, :-1], seq[:, 1:], torch.from_numpy(mask)

@@ -1,14 +1,25 @@
-"""Atomic checkpoints: written to a temporary file, then renamed, so a crash never leaves a half-written one."""
+"""Checkpoints that survive a crash: flushed to disk before an atomic rename, with the previous one kept.
+
+A run folder holds `checkpoint.pt` (the latest) and `checkpoint_previous.pt` (the one before); data-parallel
+runs also hold each process's recurrent states, `states_rank<r>.pt` and `states_rank<r>_previous.pt`.
+"""
 from __future__ import annotations
 
+import errno
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 
 CHECKPOINT = "checkpoint.pt"
+PREVIOUS = "checkpoint_previous.pt"
+
+
+class CheckpointError(RuntimeError):
+    """No checkpoint of a run folder can be read; the message says what to do."""
 
 
 def rng_state() -> dict:
@@ -24,36 +35,110 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _save_atomically(state, path: Path) -> Path:
+def previous_path(path: Path) -> Path:
+    return path.with_name(f"{path.stem}_previous{path.suffix}")
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make renames in `folder` durable (a node crash after os.replace may otherwise undo them)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # Windows cannot open a folder (nor needs to flush one)
+        return
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP):  # filesystems that cannot flush a folder
+            raise
+    finally:
+        os.close(fd)
+
+
+def _write_flushed(path: Path, write: Callable) -> Path:
+    """`write(file)` into path.tmp, flushed to disk; returns the temporary path."""
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    return tmp
+
+
+def write_atomically(path: Path, write: Callable) -> Path:
+    """Replace `path` by what `write(file)` writes: never half-written, and on disk once this returns."""
+    os.replace(_write_flushed(path, write), path)
+    fsync_dir(path.parent)
     return path
 
 
-def save(run_dir: Path, state: dict) -> Path:
-    return _save_atomically(state, run_dir / CHECKPOINT)
+def _save_keeping_previous(state, path: Path, keep_previous: bool) -> Path:
+    """Write `state` to path; the file it replaces becomes path's previous one unless keep_previous is False
+    (after a fallback: the latest could not be read, and the previous one is the good one to keep)."""
+    tmp = _write_flushed(path, lambda f: torch.save(state, f))
+    if keep_previous and path.exists():
+        os.replace(path, previous_path(path))
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+    return path
 
 
-def save_rank_states(run_dir: Path, rank: int, step: int, states) -> Path:
+def save(run_dir: Path, state: dict, keep_previous: bool = True) -> Path:
+    return _save_keeping_previous(state, run_dir / CHECKPOINT, keep_previous)
+
+
+def exists(run_dir: Path) -> bool:
+    """Whether the run folder has a checkpoint to continue from (the latest or the previous one)."""
+    return (run_dir / CHECKPOINT).exists() or (run_dir / PREVIOUS).exists()
+
+
+def _read(path: Path, device: torch.device):
+    # weights_only=False: checkpoints hold RNG states (numpy arrays, tuples) that we wrote ourselves
+    return torch.load(path, map_location=device, weights_only=False)
+
+
+def _problem(path: Path, device: torch.device):
+    """(checkpoint, None) or (None, why it cannot be used)."""
+    if not path.exists():
+        return None, f"{path.name} is missing"
+    try:
+        return _read(path, device), None
+    except Exception as e:  # torch raises several types for truncated or foreign files
+        return None, f"{path.name} cannot be read ({type(e).__name__}: {e})"
+
+
+def load(run_dir: Path, device: torch.device, warn: Callable[[str], None] = print) -> tuple[dict, Path]:
+    """The latest readable checkpoint and its path: checkpoint.pt, else (with a warning) the previous one."""
+    latest, why_not_latest = _problem(run_dir / CHECKPOINT, device)
+    if latest is not None:
+        return latest, run_dir / CHECKPOINT
+    previous, why_not_previous = _problem(run_dir / PREVIOUS, device)
+    if previous is not None:
+        warn(f"Warning: {why_not_latest}; continuing from the previous checkpoint {run_dir / PREVIOUS} "
+             f"(step {previous['step']}), so the steps after it are trained again.")
+        return previous, run_dir / PREVIOUS
+    if not exists(run_dir):
+        raise CheckpointError(f"--resume true but {run_dir} has no checkpoint ({CHECKPOINT}); "
+                              "start the run with --resume auto or false.")
+    raise CheckpointError(f"Cannot resume {run_dir}: {why_not_latest}, and {why_not_previous}. Nothing in the "
+                          "folder was changed. Train the run again with --overwrite true, or under another "
+                          "--run_name.")
+
+
+def save_rank_states(run_dir: Path, rank: int, step: int, states, keep_previous: bool = True) -> Path:
     """The recurrent states of one data-parallel process's streams (each process owns other streams)."""
-    return _save_atomically({"step": step, "states": states}, run_dir / f"states_rank{rank}.pt")
+    return _save_keeping_previous({"step": step, "states": states}, run_dir / f"states_rank{rank}.pt",
+                                  keep_previous)
 
 
 def load_rank_states(run_dir: Path, rank: int, step: int, device: torch.device):
+    """This process's states saved with the checkpoint of `step` (the latest or the previous file)."""
     path = run_dir / f"states_rank{rank}.pt"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: resume with as many processes as the run was started with.")
-    saved = torch.load(path, map_location=device, weights_only=False)
-    if saved["step"] != step:
-        raise ValueError(f"{path} holds step {saved['step']} but the checkpoint step {step}; the run folder is "
-                         "inconsistent (a crash while saving): restart the run.")
-    return saved["states"]
-
-
-def load(run_dir: Path, device: torch.device) -> dict:
-    path = run_dir / CHECKPOINT
-    if not path.exists():
-        raise FileNotFoundError(f"--resume true but there is no checkpoint at {path}.")
-    # weights_only=False: the checkpoint holds RNG states (numpy arrays, tuples) that we wrote ourselves
-    return torch.load(path, map_location=device, weights_only=False)
+    found = []
+    for candidate in (path, previous_path(path)):
+        saved, why_not = _problem(candidate, device)
+        if saved is not None and saved["step"] == step:
+            return saved["states"]
+        found.append(why_not or f"{candidate.name} holds step {saved['step']}")
+    raise CheckpointError(f"No recurrent states of process {rank} for step {step} in {run_dir} ({'; '.join(found)}): "
+                          "resume with as many processes as the run was started with, or train it again with "
+                          "--overwrite true.")

@@ -7,9 +7,9 @@ import types
 import typing
 
 
-def arg(default, help: str):
-    """A dataclass field with the help text its command-line flag shows."""
-    return dataclasses.field(default=default, metadata={"help": help})
+def arg(default, help: str, choices: tuple | None = None):
+    """A dataclass field with the help text (and the accepted values) its command-line flag shows."""
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
 
 
 def parse_bool(text: str) -> bool:
@@ -54,9 +54,11 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls, title: str, show_d
     group = parser.add_argument_group(title)
     for f in dataclasses.fields(cls):
         help_text = f.metadata.get("help", "") + (f" (default: {f.default})" if show_defaults else "")
+        choices = f.metadata.get("choices")
         # a bare boolean flag means true; default None still marks "not given" for overrides()
         bare = {"nargs": "?", "const": True} if _field_type(f.type)[0] is bool else {}
-        group.add_argument(f"--{f.name}", type=_parser_for(f.type), default=None, metavar=f.name.upper(),
+        group.add_argument(f"--{f.name}", type=_parser_for(f.type), default=None, choices=choices,
+                           metavar="{" + ",".join(choices) + "}" if choices else f.name.upper(),
                            help=help_text.lstrip() or None, **bare)
 
 

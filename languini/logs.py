@@ -8,14 +8,20 @@ from pathlib import Path
 
 class RunLog:
     def __init__(self, run_dir: Path, config: dict, use_wandb: bool = False, wandb_project: str = "languini",
-                 use_tensorboard: bool = False, enabled: bool = True, resume_step: int | None = None):
+                 use_tensorboard: bool = False, enabled: bool = True, resume_step: int | None = None,
+                 resume_rows: int | None = None):
+        """A fresh run (resume_step None) starts a new log.jsonl; a resumed one keeps the rows its checkpoint saw:
+        the first `resume_rows` rows, or, for checkpoints that did not count them, the rows up to resume_step."""
         self.enabled = enabled
         self.path = run_dir / "log.jsonl"
         self.wandb = self.tb = None
+        self.rows = 0  # rows in log.jsonl, saved with each checkpoint
         if not enabled:
             return
-        if resume_step is not None:
-            self._truncate_after(resume_step)
+        if resume_step is None:
+            self.path.unlink(missing_ok=True)
+        else:
+            self._truncate(resume_step, resume_rows)
         if use_wandb:
             import wandb
 
@@ -32,15 +38,22 @@ class RunLog:
                                  "pip install -e '.[tensorboard]'") from e
             self.tb = SummaryWriter(str(run_dir / "tensorboard"))
 
-    def _truncate_after(self, step: int):
-        """Drop rows a killed run wrote after its last checkpoint, so a resumed log has no duplicates."""
+    def _truncate(self, step: int, rows: int | None):
+        """Drop rows a stopped run wrote after its checkpoint (the final evaluation's too), so no row repeats."""
         if not self.path.exists():
             return
-        rows = [line for line in self.path.read_text().splitlines() if line.strip()]
-        kept = [r for r in rows if json.loads(r).get("step", 0) <= step]
+        lines = [line for line in self.path.read_text().splitlines() if line.strip()]
+        kept = lines[:rows] if rows is not None else [r for r in lines if json.loads(r).get("step", 0) <= step]
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text("".join(r + "\n" for r in kept))
         os.replace(tmp, self.path)
+        self.rows = len(kept)
+
+    def sync(self):
+        """Flush log.jsonl to disk, so a checkpoint never counts rows a node crash could lose."""
+        if self.enabled and self.path.exists():
+            with self.path.open("a") as f:
+                os.fsync(f.fileno())
 
     def write(self, row: dict):
         """One event; rows carry step, tokens and accelerator_seconds so any of them can be the x-axis."""
@@ -48,6 +61,7 @@ class RunLog:
             return
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+        self.rows += 1
         metrics = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         prefix = row["event"] if row["event"] != "eval" else f"eval/{row['split']}/{row['mode']}"
         if self.wandb is not None:

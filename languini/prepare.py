@@ -113,19 +113,21 @@ def prepare_books(src: str | os.PathLike, out_root: str | os.PathLike, vocab_siz
                                disable=quiet))
 
         manifest = ["split\tname\tsource\tbytes\ttokens"]
-        digests, i = {}, 0
+        digests, file_digests, i = {}, {}, 0
         for split, files in splits.items():
             rows = []
             for p in files:
                 n_bytes, n_tokens = counts[i]
                 i += 1
                 rows.append((f"files/{book_name(p)}.npy", str(n_tokens)))
+                file_digests[rows[-1][0]] = file_list_digest(tmp / rows[-1][0])  # checked before training
                 manifest.append(f"{split}\t{book_name(p)}\t{p.relative_to(src)}\t{n_bytes}\t{n_tokens}")
             list_path = tmp / split_file_name(split)
             np.save(list_path, np.array(rows))
             digests[list_path.name] = file_list_digest(list_path)
         (tmp / "manifest.tsv").write_text("\n".join(manifest) + "\n")
-        (tmp / INTEGRITY_FILE).write_text(json.dumps({"file_lists": digests}, indent=1) + "\n")
+        integrity = {"file_lists": digests, "files": file_digests}
+        (tmp / INTEGRITY_FILE).write_text(json.dumps(integrity, indent=1) + "\n")
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

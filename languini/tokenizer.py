@@ -45,8 +45,9 @@ def load(path: str | os.PathLike) -> spm.SentencePieceProcessor:
 def bytes_per_token(sp: spm.SentencePieceProcessor) -> np.ndarray:
     """UTF-8 bytes each token adds to the decoded text: 1 for byte tokens, 0 for control tokens.
 
-    Exact for models trained by train_bpe; for models with a dummy prefix (e.g. the official Languini
-    vocabularies) the decoder drops one leading space per text, so counts can be 1 byte high per document.
+    Exact for models without a dummy prefix: those train_bpe trains and the official Languini vocabularies
+    (whose end-of-document token <D> is a user-defined piece that decodes to 3 bytes, "<D>"). With a dummy
+    prefix the decoder drops one leading space per text, so counts would be 1 byte high per document.
     """
     table = np.zeros(sp.get_piece_size(), dtype=np.int64)
     for i in range(sp.get_piece_size()):

@@ -23,10 +23,11 @@ from torch.utils._pytree import tree_map
 from tqdm import tqdm
 
 from languini import checkpoint, flops
-from languini.books import BooksDataset, TrainBatches
+from languini.books import SLOW_EVAL_PROTOCOLS, BooksDataset, TrainBatches
 from languini.compute_class import DEFAULT_REFERENCE_HARDWARE
-from languini.evaluation import Evaluator
+from languini.evaluation import Evaluator, evaluate_splits
 from languini.flags import arg
+from languini.stop import StopSignals
 
 
 @dataclass
@@ -39,16 +40,28 @@ class TrainConfig:
     batch_size: int = arg(16, "global batch: sequences per optimiser step, whatever the processes and accumulation")
     micro_batches: int = arg(1, "gradient-accumulation steps per process")
     lr: float = arg(6e-4, "peak learning rate (memory values get the model's own multiple)")
-    warmup_steps: int = arg(200, "linear warm-up steps, at most a tenth of the run")
+    lr_schedule: str = arg("ramp_times_cosine",
+                           "ramp_times_cosine (the official Languini code's): a linear warm-up ramp times a cosine "
+                           "that decays over all steps from step 0; warmup_then_cosine: linear warm-up, then a "
+                           "cosine over the remaining steps", choices=("ramp_times_cosine", "warmup_then_cosine"))
+    warmup_steps: int = arg(200, "linear warm-up steps (warmup_then_cosine: at most a tenth of the run)")
     final_lr_fraction: float = arg(0.01, "cosine decay to this fraction of lr (the paper: 100x)")
     grad_clip: float | None = arg(None, "max gradient norm; None disables clipping")
-    eval_every: int | None = arg(None, "steps between evaluations; None: ten per run")
+    eval_every: int | None = arg(None, "steps between evaluations during training; None: ten per run")
     checkpoint_every: int | None = arg(None, "steps between checkpoints; None: at every evaluation")
     stop_at_step: int | None = arg(None, "save and exit after this step (split a run into several jobs)")
     log_every: int = arg(10, "steps between training log rows")
     eval_batch_size: int = arg(16, "streams per evaluation batch")
     eval_max_batches: int | None = arg(500, "fast eval: up to this many batches per split")
+    eval_every_max_batches: int | None = arg(50, "fast eval during training: up to this many batches (at most "
+                                                 "--eval_max_batches; the final evaluation is the full one)")
     slow_eval_max_windows: int | None = arg(None, "slow eval: cap on windows per split (None: the whole split)")
+    slow_eval: str = arg("last_n", "slow eval of stateless models: last_n (the official eval.py, the paper's tables): "
+                         "every window, the first too, scores only its last slow_eval_last_n targets; every_target: "
+                         "the first window scores all its targets, so every target counts once",
+                         choices=SLOW_EVAL_PROTOCOLS)
+    slow_eval_last_n: int | None = arg(None, "slow eval: windows move by this many tokens and score as many "
+                                       "(None: seq_len // 4, the paper's 128 of 512)")
     precision: str = arg("auto", "auto (bf16 if supported, else fp16 with a grad scaler; fp32 on CPU), bf16, fp16, fp32")
     compile: bool = arg(False, "torch.compile the model (true/false)")
     seed: int = arg(0, "seed of the model's initialisation")
@@ -56,7 +69,9 @@ class TrainConfig:
     tokenizer: str | None = arg(None, "SentencePiece model of the data, if not inside the data folder")
     out_dir: str = arg("runs", "where run folders go")
     run_name: str | None = arg(None, "run folder name; None: project_config_class_batch_seed")
-    resume: bool = arg(False, "continue the run in the run folder from its checkpoint (true/false)")
+    resume: str = arg("false", "continue the run in the run folder from its checkpoint: true, false, or auto "
+                               "(continue if there is a checkpoint, else start; for requeued jobs)")
+    overwrite: bool = arg(False, "replace the run already in the run folder by a fresh one (true/false)")
     wandb: bool = arg(False, "log to Weights & Biases (true/false; offline without an API key)")
     wandb_project: str = arg("languini", "Weights & Biases project")
     tensorboard: bool = arg(False, "log to TensorBoard (true/false; needs the tensorboard package)")
@@ -65,6 +80,22 @@ class TrainConfig:
 
 class NonFiniteLoss(RuntimeError):
     pass
+
+
+def eval_interval(tcfg: TrainConfig, total_steps: int) -> int:
+    """Steps between the evaluations during training: --eval_every, or ten per run."""
+    return tcfg.eval_every or max(total_steps // 10, 1)
+
+
+def progress_split(splits: list[str]) -> str:
+    """The split evaluated during training."""
+    return "valid" if "valid" in splits else "test"
+
+
+def eval_every_max_batches(tcfg: TrainConfig) -> int | None:
+    """The batch cap of the evaluations during training: the smaller of the two caps (None: no cap)."""
+    caps = [c for c in (tcfg.eval_every_max_batches, tcfg.eval_max_batches) if c is not None]
+    return min(caps, default=None)
 
 
 def detach(state):
@@ -82,12 +113,25 @@ def step_optimizers(optimizers, scaler) -> None:
         scaler.update()
 
 
-def lr_factor(step: int, total: int, warmup: int, final_fraction: float) -> float:
+def ramp_times_cosine(step: int, total: int, warmup: int, final_fraction: float) -> float:
+    """The official Languini schedule: a linear ramp over `warmup` steps times a cosine from 1 to final_fraction
+    over all `total` steps, both from the start. Step 0 is the first optimiser step, which the official
+    scheduler takes at its count 1 (it counts once when built)."""
+    count = step + 1
+    cosine = 0.5 * (1 + math.cos(math.pi * min(count, total) / total))
+    ramp = min(count, warmup) / warmup if warmup > 0 else 1.0
+    return ramp * (final_fraction + (1 - final_fraction) * cosine)
+
+
+def warmup_then_cosine(step: int, total: int, warmup: int, final_fraction: float) -> float:
     """Linear warm-up, then cosine decay from 1 to final_fraction at the last step."""
     if step < warmup:
         return (step + 1) / warmup
     progress = min((step - warmup) / max(total - warmup, 1), 1.0)
     return final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+LR_SCHEDULES = {"ramp_times_cosine": ramp_times_cosine, "warmup_then_cosine": warmup_then_cosine}
 
 
 def precision_for(device: torch.device, precision: str):
@@ -151,7 +195,8 @@ class Trainer:
     def __init__(self, *, project: str, config_name: str, model_cfg, model_cls, tcfg: TrainConfig,
                  dataset: BooksDataset, bytes_per_token: torch.Tensor, run_dir: Path, total_steps: int,
                  tokens_per_second: float | None, reference_hardware: str, flops_per_forward: float | None = None,
-                 device: torch.device | None = None, ddp: Dist | None = None, extra_results: dict | None = None):
+                 device: torch.device | None = None, ddp: Dist | None = None, extra_results: dict | None = None,
+                 decode=None, resume: bool = False):
         self.project, self.config_name, self.model_cfg, self.tcfg = project, config_name, model_cfg, tcfg
         self.dataset, self.run_dir, self.total_steps = dataset, run_dir, total_steps
         self.tokens_per_second, self.reference_hardware = tokens_per_second, reference_hardware
@@ -166,9 +211,13 @@ class Trainer:
         self.optimizers, self.dense_params = build_optimizers(self.model, tcfg.lr, self.device)
         if len(self.optimizers) > 1 and self.ddp.world_size > 1:
             raise ValueError("Row-sparse value gradients are single-process only; use --sparse_values false with DDP.")
-        warmup = min(tcfg.warmup_steps, max(total_steps // 10, 1))
+        if tcfg.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"--lr_schedule must be one of {', '.join(LR_SCHEDULES)}, not {tcfg.lr_schedule}")
+        schedule, warmup = LR_SCHEDULES[tcfg.lr_schedule], tcfg.warmup_steps
+        if tcfg.lr_schedule == "warmup_then_cosine":
+            warmup = min(warmup, max(total_steps // 10, 1))
         self.schedulers = [torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: lr_factor(s, total_steps, warmup, tcfg.final_lr_fraction)) for opt in self.optimizers]
+            opt, lambda s: schedule(s, total_steps, warmup, tcfg.final_lr_fraction)) for opt in self.optimizers]
         self.autocast, self.scaler, self.precision = precision_for(self.device, tcfg.precision)
 
         self.train_model = self.model
@@ -181,16 +230,26 @@ class Trainer:
         self.batches = TrainBatches(dataset.books("train"), model_cfg.vocab_size, tcfg.batch_size, self.seq_len,
                                     tcfg.micro_batches, self.ddp.rank, self.ddp.world_size)
         self.states = [None] * tcfg.micro_batches
-        self.evaluator = Evaluator(bytes_per_token, model_cfg.vocab_size, self.seq_len, self.device,
-                                   tcfg.eval_batch_size, tcfg.eval_max_batches, tcfg.slow_eval_max_windows,
-                                   self.autocast, self.ddp.rank, self.ddp.world_size)
-        self.eval_split = "valid" if "valid" in dataset.splits else "test"
+        def evaluator(max_batches):
+            return Evaluator(bytes_per_token, model_cfg.vocab_size, self.seq_len, self.device, tcfg.eval_batch_size,
+                             max_batches, tcfg.slow_eval_max_windows, self.autocast, self.ddp.rank, self.ddp.world_size,
+                             decode, tcfg.slow_eval, tcfg.slow_eval_last_n)
+
+        self.evaluator = evaluator(tcfg.eval_max_batches)
+        self.progress_evaluator = evaluator(eval_every_max_batches(tcfg))  # the smaller evaluations during training
+        self.eval_split = progress_split(dataset.splits)
         self.step = 0
+        self.train_seconds = 0.0  # wall time of the training steps so far, evaluations and checkpoints apart
         # wall time over all jobs of the run (kept in checkpoints); _clock is the last accounting while training
         self.wall_seconds = {"training": 0.0, "evaluation_during_training": 0.0, "final_evaluation": 0.0}
         self._clock = None
-        if tcfg.resume:
-            self._restore(checkpoint.load(run_dir, self.device))
+        self.log_rows = None  # rows of log.jsonl when the checkpoint resumed from was saved
+        self.keep_previous_checkpoint = True
+        if resume:
+            ckpt, path = checkpoint.load(run_dir, self.device, warn=print if self.ddp.main else lambda _: None)
+            # after a fallback the unreadable latest is overwritten and the good previous one kept
+            self.keep_previous_checkpoint = path.name == checkpoint.CHECKPOINT
+            self._restore(ckpt)
 
     # -- bookkeeping -------------------------------------------------------------------------------------
     def position(self, step: int) -> dict:
@@ -204,7 +263,7 @@ class Trainer:
                 "scaler": self.scaler.state_dict() if self.scaler else None,
                 "rng": checkpoint.rng_state(), "step": self.step, "states": self.states,
                 "model_config": dataclasses.asdict(self.model_cfg), "total_steps": self.total_steps,
-                "wall_seconds": dict(self.wall_seconds)}
+                "train_wall_seconds": self.train_seconds, "wall_seconds": dict(self.wall_seconds)}
 
     def _restore(self, ckpt: dict):
         if ckpt["model_config"] != dataclasses.asdict(self.model_cfg) or ckpt["total_steps"] != self.total_steps:
@@ -220,7 +279,8 @@ class Trainer:
         if self.scaler and ckpt["scaler"]:
             self.scaler.load_state_dict(ckpt["scaler"])
         checkpoint.set_rng_state(ckpt["rng"])
-        self.step, self.states = ckpt["step"], ckpt["states"]
+        self.step, self.states, self.log_rows = ckpt["step"], ckpt["states"], ckpt.get("log_rows")
+        self.train_seconds = ckpt.get("train_wall_seconds", 0.0)
         self.wall_seconds.update(ckpt.get("wall_seconds", {}))
 
     def _account_wall(self, kind: str) -> None:
@@ -230,13 +290,20 @@ class Trainer:
             self.wall_seconds[kind] += now - self._clock
         self._clock = now
 
-    def save(self):
+    def save(self, log_rows: int | None = None):
+        """Checkpoint the state after the last completed step; log_rows: rows of log.jsonl written by then."""
         self._account_wall("training")  # the checkpoint holds the time spent until now
+        keep = self.keep_previous_checkpoint
         if self.ddp.world_size > 1:
-            checkpoint.save_rank_states(self.run_dir, self.ddp.rank, self.step, self.states)
+            checkpoint.save_rank_states(self.run_dir, self.ddp.rank, self.step, self.states, keep)
             dist.barrier()  # the main checkpoint only once every process has its states on disk
         if self.ddp.main:
-            checkpoint.save(self.run_dir, self._state_dict())
+            checkpoint.save(self.run_dir, {**self._state_dict(), "log_rows": log_rows}, keep)
+        self.keep_previous_checkpoint = True
+
+    def _checkpoint(self, log):
+        log.sync()
+        self.save(log.rows)
 
     # -- training ----------------------------------------------------------------------------------------
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -273,19 +340,24 @@ class Trainer:
     def stateful(self) -> bool:
         return any(s is not None for s in self.states)
 
-    def train(self, log) -> None:
+    def train(self, log, stop: StopSignals | None = None) -> None:
+        """Train to the last step (or --stop_at_step); after a stop signal, to the end of the current step."""
         tcfg, total = self.tcfg, self.total_steps
-        eval_every = tcfg.eval_every or max(total // 10, 1)
+        eval_every = eval_interval(tcfg, total)
         ckpt_every = tcfg.checkpoint_every or eval_every
         last = min(total, tcfg.stop_at_step) if tcfg.stop_at_step else total
         bar = tqdm(total=total, initial=self.step, desc=f"{self.project}/{self.config_name}", unit="step",
                    disable=not self.ddp.main, dynamic_ncols=True)
         prefetch = ThreadPoolExecutor(1)  # batches depend only on the step, so the next one loads meanwhile
         future = prefetch.submit(self.batches, self.step)
-        t_last, step_last = time.perf_counter(), self.step
-        self._clock = t_last
+        t_mark = time.perf_counter()  # the end of the last step or pause
+        self._clock = t_mark
+        step_logged, seconds_logged = self.step, self.train_seconds
+        saved_step = self.step  # the step of the checkpoint on disk (or of the start)
         try:
             while self.step < last:
+                if stop is not None and stop.agreed(self.ddp.world_size, self.device):
+                    break  # all processes stop after the same step
                 x, y = future.result()
                 if self.step + 1 < last:
                     future = prefetch.submit(self.batches, self.step + 1)
@@ -295,13 +367,14 @@ class Trainer:
                         f"Loss is {loss} at step {self.step + 1}. Training stopped; the last good checkpoint in "
                         f"{self.run_dir} is kept. Try a lower --lr, --grad_clip 1.0 or --precision bf16/fp32.")
                 self.step += 1
+                self.train_seconds += time.perf_counter() - t_mark
                 bar.update(1)
                 if self.step % tcfg.log_every == 0 or self.step == last:
-                    now = time.perf_counter()
-                    tok_s = (self.step - step_last) * self.tokens_per_step / (now - t_last)
-                    t_last, step_last = now, self.step
+                    tok_s = (self.step - step_logged) * self.tokens_per_step / (self.train_seconds - seconds_logged)
+                    step_logged, seconds_logged = self.step, self.train_seconds
                     row = {"event": "train", **self.position(self.step), "loss": loss,
-                           "lr": self.schedulers[0].get_last_lr()[0], "tokens_per_second_local": tok_s}
+                           "lr": self.schedulers[0].get_last_lr()[0], "tokens_per_second_local": tok_s,
+                           "train_wall_seconds": self.train_seconds}
                     if self.flops_per_forward and getattr(self, "peak_flops", None):
                         row["mfu"] = flops.mfu(self.flops_per_forward, self.seq_len, tok_s, self.peak_flops)
                     log.write(row)
@@ -309,19 +382,20 @@ class Trainer:
                                     **({"mfu": f"{row['mfu']:.1%}"} if "mfu" in row else {}))
                 if self.step % eval_every == 0 and self.step < total:
                     self._account_wall("training")
-                    result = self.evaluator.fast(self.model, self.dataset.books(self.eval_split)).as_dict()
+                    started = time.perf_counter()
+                    result = self.progress_evaluator.fast(self.model, self.dataset.books(self.eval_split)).as_dict()
                     log.write({"event": "eval", **self.position(self.step), "split": self.eval_split,
-                               "mode": "fast", **result})
-                    bar.write(f"step {self.step}: {self.eval_split} normalised perplexity "
-                              f"{result['normalised_perplexity']:.4f}")
-                    t_last, step_last = time.perf_counter(), self.step  # throughput counts training time only
+                               "mode": "fast", **result, "wall_seconds": time.perf_counter() - started})
+                    if self.ddp.main:  # tqdm.write prints even where the bar is disabled
+                        bar.write(f"step {self.step}: {self.eval_split} normalised perplexity "
+                                  f"{result['normalised_perplexity']:.4f}")
                     self._account_wall("evaluation_during_training")
                 if self.step % ckpt_every == 0 or self.step == last:
-                    self.save()
-        except KeyboardInterrupt:
-            self.save()  # the state after the last completed step
-            bar.write(f"Interrupted: checkpoint of step {self.step} saved; continue with --resume true.")
-            raise
+                    self._checkpoint(log)
+                    saved_step = self.step
+                t_mark = time.perf_counter()  # throughput and training time leave out logging, evaluations, checkpoints
+            if self.step != saved_step:  # stopped by a signal between checkpoints
+                self._checkpoint(log)
         finally:
             prefetch.shutdown(wait=True)
             bar.close()
@@ -329,25 +403,14 @@ class Trainer:
             self._clock = None
 
     def final_evaluation(self, log) -> dict:
+        say = print if self.ddp.main else (lambda *a, **k: None)
         start = time.perf_counter()
-        results = {"fast": {}, "slow": {}}
-        memory_stats = {}
-        for split in [s for s in self.dataset.splits if s != "train"]:
-            books = self.dataset.books(split)
-            if hasattr(self.model, "reset_memory_stats"):
-                self.model.reset_memory_stats()
-            r = {"fast": self.evaluator.fast(self.model, books).as_dict()}
-            if hasattr(self.model, "memory_stats"):  # over the fast eval only: one pass over the split
-                memory_stats[split] = self.model.memory_stats()
-            r["slow"] = self.evaluator.slow(self.model, books, stateful=self.stateful).as_dict()
-            for mode in ("fast", "slow"):
-                results[mode][split] = r[mode]
-                log.write({"event": "eval", **self.position(self.step), "split": split, "mode": mode, **r[mode]})
-            if self.ddp.main:
-                print(f"  {split:>12}: fast {r['fast']['normalised_perplexity']:.4f}  "
-                      f"slow {r['slow']['normalised_perplexity']:.4f}  (normalised perplexity)")
-        self.wall_seconds["final_evaluation"] = time.perf_counter() - start
-        return {"eval": results, **({"memory_stats": memory_stats} if memory_stats else {})}
+        evals = evaluate_splits(self.evaluator, self.model, self.dataset,
+                                [s for s in self.dataset.splits if s != "train"], self.stateful,
+                                write_row=lambda row: log.write({"event": "eval", **self.position(self.step), **row}),
+                                say=say)
+        self.wall_seconds["final_evaluation"] += time.perf_counter() - start
+        return evals
 
     def results(self, evals: dict, compute_class: str | None) -> dict:
         pos = self.position(self.step)
@@ -360,6 +423,7 @@ class Trainer:
             "seq_len": self.seq_len, "steps": self.step, "tokens_seen": pos["tokens"],
             "accelerator_seconds": pos["accelerator_seconds"],
             "accelerator_hours": pos["accelerator_seconds"] / 3600 if pos["accelerator_seconds"] is not None else None,
+            "train_wall_seconds": self.train_seconds,
             "parameters": sum(p.numel() for p in self.model.parameters()),
             "flops_per_forward": fwd,
             "total_flops": flops.train_flops_per_token(fwd, self.seq_len) * pos["tokens"] if fwd else None,
@@ -372,6 +436,4 @@ class Trainer:
 
 
 def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    checkpoint.write_atomically(path, lambda f: f.write((json.dumps(data, indent=2) + "\n").encode()))

@@ -26,7 +26,9 @@ On CPU the layers run their PyTorch reference paths: use tiny sizes, for a smoke
 Writes under --out: memory_layers_<device>_<precision>.txt (the printed report), .csv (one row per layer and size,
 with the device, date, torch and triton versions and the command line) and .png (forward and
 forward+backward time per token against total parameters, log-log, one line per layer and width).
-Then it checks issue 4's goals on the numbers when on a GPU.
+Then it checks the goals of issues 4 and 14 on the numbers when on a GPU. Every run starts from fresh random
+inputs after an L2 flush (GPU), and each CSV row is written as soon as it is measured. --precision fp32 turns
+TF32 off (the paper's Table 4 conditions).
 
     python scripts/bench_memory_layers.py                                    # all widths, 2^20..2^30 params
     python scripts/bench_memory_layers.py --widths 512,2048 --params 2^20..2^28
@@ -57,7 +59,8 @@ import torch
 from torch import nn
 
 from languini.trainer import precision_for
-from projects.lram_gpt.memory import LRAMBlock, theta
+from projects.lram_gpt.lattice import interpolate
+from projects.lram_gpt.memory import LRAMBlock, theta, torus_query
 from projects.pkm_gpt.pkm import LRAM_PAPER_PKM, ProductKeyMemory
 
 # Vendor spec-sheet HBM bandwidths in GB/s (not measured here), matched against torch's device name.
@@ -71,17 +74,19 @@ HBM_SPEC_GBPS = (
     (r"RTX 4090$", 1008),
 )
 PAPER_REPEATS = 15  # Figure 3: "the median of 15 successive runs"
-DEFAULT_WIDTHS = "512,2048,3072,4096,6144,8192,12288"  # Figure 3's and Table 4's widths
+DEFAULT_WIDTHS = "512,768,2048,3072,4096,6144,8192,12288"  # Figure 3's and Table 4's widths, and the model's 768
 DEFAULT_PARAMS = "2^20..2^30"
 TARGET_TOLERANCE_OCTAVES = 0.5  # a memory size counts for a target within a factor sqrt(2) of it
 LEARNING_RATE = 1e-4  # the paper's rate for dense weights; the step time does not depend on it
 
-# Issue 4's goals, judged on forward time per token.
-PKM_GOAL_PARAMS = 2**24
-PKM_GOAL_SPEEDUP = 3.0
+# The goals (issues 4 and 14): PKM / LRAM forward + backward at two sizes, flatness of the forward over
+# memory sizes, the lookup's share of HBM bandwidth, and LRAM against the dense MLP at the paper's widths.
+PKM_GOALS = ((2**24, 3.0), (2**28, 5.0))  # (total parameters, least PKM / LRAM ratio of forward + backward)
 FLAT_RANGE = (2**16, 2**28)
 FLAT_MAX_RATIO = 1.5  # "nearly flat": slowest / fastest LRAM size in FLAT_RANGE at one width
-DENSE_GOAL_MIN_WIDTH = 4096
+HBM_GOAL_FRACTION = 0.6  # LRAM's lookup on the value rows it reads, at the largest memory of a width
+DENSE_GOAL_MAX_WIDTH = 8192  # Table 4 (fp32): LRAM is faster than the dense MLP from width 8192
+L2_FLUSH_BYTES = 256 * 2**20  # more than any GPU's L2 (H100: 50 MiB), written between timed runs
 
 
 # ---------------------------------------------------------------- the layers
@@ -177,12 +182,31 @@ def _seconds_between(start, end, device):
     return start.elapsed_time(end) / 1000 if device.type == "cuda" else end - start
 
 
-def time_phases(run_once, bench: Bench) -> list[list[float]]:
-    """Seconds of each phase of each timed run; run_once(mark) calls mark() at the end of every phase."""
+_L2_FLUSH = {}
+
+
+def fresh_inputs(bench: Bench, *inputs):
+    """New random values in the inputs (tensors get normal_(), callables are called) and, on a GPU, an L2
+    flush, before every run: no run finds the table rows or the inputs of the one before in cache."""
+    with torch.no_grad():
+        for item in inputs:
+            item() if callable(item) else item.normal_()
+    if bench.device.type == "cuda":
+        if bench.device not in _L2_FLUSH:
+            _L2_FLUSH[bench.device] = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=bench.device)
+        _L2_FLUSH[bench.device].zero_()
+
+
+def time_phases(run_once, bench: Bench, inputs=()) -> list[list[float]]:
+    """Seconds of each phase of each timed run; run_once(mark) calls mark() at the end of every phase.
+
+    The tensors in inputs get new random values before every run, and a GPU's L2 cache is flushed."""
     for _ in range(bench.warmup):
+        fresh_inputs(bench, *inputs)
         run_once(lambda: None)
     runs = []
     for _ in range(bench.repeats):
+        fresh_inputs(bench, *inputs)
         stamps = [_stamp(bench.device)]
         run_once(lambda: stamps.append(_stamp(bench.device)))
         runs.append(stamps)
@@ -238,8 +262,11 @@ class Measurement:
     adam: float | None = None  # the optimiser's part of step_adam
     step_sparse: float | None = None
     sparse_adam: float | None = None  # SparseAdam + Adam's part of step_sparse
-    lookup: float | None = None
-    lookup_gbps: float | None = None
+    lookup: float | None = None  # LRAM's theta alone on precomputed heads (torus query, lookup, scale)
+    lookup_gbps: float | None = None  # the value rows it reads over its time
+    lookup_no_torus: float | None = None  # the lookup alone on precomputed lattice coordinates q
+    lookup_bwd: float | None = None  # theta forward + backward on precomputed heads
+    lookup_bwd_gbps: float | None = None  # rows read twice (forward, backward) and their gradient written
 
     @property
     def adam_share(self):
@@ -286,15 +313,15 @@ def measure(layer_key: str, width: int, size: int | None, target: int | None, be
         x = torch.randn(1, bench.tokens, width, device=bench.device, requires_grad=True)
         module = make(layer_key, width, size, bench.use_triton).to(bench.device)
         stage = "forward"
-        m.fwd = median_per_token([r[0] for r in time_phases(forward_run(module, x, bench), bench)], bench)
+        m.fwd = median_per_token([r[0] for r in time_phases(forward_run(module, x, bench), bench, [x])], bench)
         with torch.no_grad(), bench.autocast():
             grad = torch.randn_like(module(x))
         if layer_key == "lram":
             stage = "lookup"
-            m.lookup, m.lookup_gbps = time_lookup(module, x, bench)
+            m.lookup, m.lookup_gbps, m.lookup_no_torus, m.lookup_bwd, m.lookup_bwd_gbps = time_lookup(module, x, bench)
         stage = "step with Adam"
         adam = torch.optim.Adam(module.parameters(), lr=LEARNING_RATE, fused=bench.device.type == "cuda")
-        runs = time_phases(training_run(module, x, grad, [adam], bench), bench)
+        runs = time_phases(training_run(module, x, grad, [adam], bench), bench, [x])
         m.fwd_bwd = median_per_token([r[0] for r in runs], bench)
         m.adam = median_per_token([r[1] for r in runs], bench)
         m.step_adam = median_per_token([sum(r) for r in runs], bench)
@@ -303,7 +330,7 @@ def measure(layer_key: str, width: int, size: int | None, target: int | None, be
         if layer.is_memory and bench.use_triton is not False:
             stage = "reverse-index backward"
             module = make(layer_key, width, size, bench.use_triton, value_grad=layer.reverse_index).to(bench.device)
-            runs = time_phases(training_run(module, x, grad, [], bench), bench)
+            runs = time_phases(training_run(module, x, grad, [], bench), bench, [x])
             m.fwd_bwd_reverse_index = median_per_token([r[0] for r in runs], bench)
             del module
             release(bench.device)
@@ -314,7 +341,7 @@ def measure(layer_key: str, width: int, size: int | None, target: int | None, be
             optimizers = [torch.optim.Adam([p for p in module.parameters() if id(p) not in values],
                                            lr=LEARNING_RATE, fused=bench.device.type == "cuda"),
                           torch.optim.SparseAdam(module.value_parameters(), lr=LEARNING_RATE)]
-            runs = time_phases(training_run(module, x, grad, optimizers, bench), bench)
+            runs = time_phases(training_run(module, x, grad, optimizers, bench), bench, [x])
             m.sparse_adam = median_per_token([r[1] for r in runs], bench)
             m.step_sparse = median_per_token([sum(r) for r in runs], bench)
     except torch.cuda.OutOfMemoryError:
@@ -323,19 +350,52 @@ def measure(layer_key: str, width: int, size: int | None, target: int | None, be
 
 
 def time_lookup(block: LRAMBlock, x, bench):
-    """Seconds per token of theta on precomputed queries, and GB/s of value rows it gathers."""
+    """The kernel alone, per token: theta on precomputed heads (forward) and the GB/s of value rows it gathers;
+    the lookup on precomputed lattice coordinates (no torus query); theta forward + backward and its GB/s
+    (rows gathered twice, their fp32 gradients added once)."""
     with torch.no_grad(), bench.autocast():
-        heads = block.heads(x)
+        heads = block.heads(x).detach()
+        q = torus_query(heads, block.K)[1]
+    use_triton = bench.use_triton is not False
 
-    def run(mark):
+    def refresh_q():
+        heads.normal_()
+        q.copy_(torus_query(heads, block.K)[1])  # lattice coordinates spread over the torus, as theta's
+
+    def forward(mark):
         with torch.no_grad(), bench.autocast():
-            theta(heads, block.values, block.K, topk=block.topk, use_triton=block.use_triton)
+            theta(heads, block.values, block.K, topk=block.topk, use_triton=use_triton)
         mark()
 
-    seconds = statistics.median(r[0] for r in time_phases(run, bench))
+    def forward_no_torus(mark):
+        with torch.no_grad():
+            if use_triton:
+                from projects.lram_gpt.lookup_triton import interpolate_triton
+
+                interpolate_triton(q, block.values, block.K, block.topk)
+            else:
+                interpolate(q, block.values, block.K, block.topk)
+        mark()
+
+    heads_grad = heads.clone().requires_grad_()
+    grad = torch.randn(*heads.shape[:-1], block.values.shape[1], device=heads.device)
+
+    def forward_backward(mark):
+        block.values.grad = heads_grad.grad = None
+        with bench.autocast():
+            out = theta(heads_grad, block.values, block.K, topk=block.topk, use_triton=use_triton)
+        out.backward(grad.to(out.dtype))
+        mark()
+
+    median = lambda runs: statistics.median(r[0] for r in runs)  # noqa: E731
+    seconds = median(time_phases(forward, bench, [heads]))
+    no_torus = median(time_phases(forward_no_torus, bench, [refresh_q]))
+    with_backward = median(time_phases(forward_backward, bench, [heads_grad]))
+    lookups = heads.shape[:-1].numel() * block.topk
     row_bytes = block.values.shape[1] * block.values.element_size()
-    gathered_bytes = heads.shape[:-1].numel() * block.topk * row_bytes
-    return seconds / bench.tokens, gathered_bytes / seconds / 1e9
+    gradient_bytes = block.values.shape[1] * 4  # the value gradient accumulates in fp32
+    return (seconds / bench.tokens, lookups * row_bytes / seconds / 1e9, no_torus / bench.tokens,
+            with_backward / bench.tokens, lookups * (2 * row_bytes + gradient_bytes) / with_backward / 1e9)
 
 
 def plan(layer_keys, widths, targets):
@@ -363,8 +423,10 @@ def plan(layer_keys, widths, targets):
     return configs, notes
 
 
-def run_all(configs, bench, log=print) -> list[Measurement]:
-    """Measure every configuration; once a size does not fit, larger sizes of that layer and width are skipped."""
+def run_all(configs, bench, log=print, on_result=lambda m: None) -> list[Measurement]:
+    """Measure every configuration; once a size does not fit, larger sizes of that layer and width are skipped.
+
+    on_result(m) sees each measurement as soon as it is taken (the CSV is written row by row)."""
     results, failed = [], set()
     for key, width, size, target in configs:
         if (key, width) in failed:
@@ -376,6 +438,7 @@ def run_all(configs, bench, log=print) -> list[Measurement]:
             if m.status != "ok":
                 failed.add((key, width))
         log(f"  {m.layer} w={m.width} {m.memory}: {m.status}", flush=True)
+        on_result(m)
         results.append(m)
     return results
 
@@ -412,14 +475,16 @@ def aligned(header, rows) -> list[str]:
 
 def results_table(results, hbm_gbps) -> list[str]:
     header = ("layer", "width", "memory", "params", "fwd", "fwd+bwd", "fwd+bwd rev-idx", "step Adam", "Adam",
-              "step sparse", "sparse opt", "lookup GB/s", "of HBM", "status")
+              "step sparse", "sparse opt", "lookup", "GB/s", "of HBM", "no torus", "lookup+bwd", "GB/s", "status")
     rows = []
     for m in results:
         fraction = "-" if m.lookup_gbps is None else "n/a" if hbm_gbps is None else f"{m.lookup_gbps / hbm_gbps:.2f}"
         rows.append((m.layer, m.width, m.memory, format_params(m.params), format_time(m.fwd), format_time(m.fwd_bwd),
                      format_time(m.fwd_bwd_reverse_index), format_time(m.step_adam), format_share(m.adam_share),
                      format_time(m.step_sparse), format_share(m.sparse_adam_share),
-                     "-" if m.lookup_gbps is None else f"{m.lookup_gbps:.1f}", fraction, m.status))
+                     format_time(m.lookup), "-" if m.lookup_gbps is None else f"{m.lookup_gbps:.1f}", fraction,
+                     format_time(m.lookup_no_torus), format_time(m.lookup_bwd),
+                     "-" if m.lookup_bwd_gbps is None else f"{m.lookup_bwd_gbps:.1f}", m.status))
     return aligned(header, rows)
 
 
@@ -437,11 +502,11 @@ def width_table(results) -> list[str]:
     return aligned(("width", "dense fwd", "LRAM fwd min", "LRAM fwd max", "LRAM sizes"), rows)
 
 
-def evaluate_goals(results: list[Measurement]) -> list[str]:
-    """Issue 4's goals as a checklist ([x] met, [ ] missed, [?] not judged), judged on forward time per token."""
-    def forward(layer, width, target=None):
-        return [m for m in results if m.layer == layer and m.width == width and m.fwd is not None
-                and (target is None or m.target == target)]
+def evaluate_goals(results: list[Measurement], hbm_gbps: float | None = None, precision: str = "bf16") -> list[str]:
+    """The goals as a checklist ([x] met, [ ] missed, [?] not judged, [i] a finding, not a goal)."""
+    def measured(layer, width=None, target=None, attribute="fwd"):
+        return [m for m in results if m.layer == layer and (width is None or m.width == width)
+                and getattr(m, attribute) is not None and (target is None or m.target == target)]
 
     def line(detail_lines, title):
         verdicts = [ok for ok, _ in detail_lines]
@@ -450,50 +515,87 @@ def evaluate_goals(results: list[Measurement]) -> list[str]:
         return f"[{mark}] {title}: {details}"
 
     widths = sorted({m.width for m in results})
-    speedups = []
-    for width in widths:
-        lram_at, pkm_at = forward("LRAM", width, PKM_GOAL_PARAMS), forward("PKM", width, PKM_GOAL_PARAMS)
-        if lram_at and pkm_at:
-            ratio = pkm_at[0].fwd / lram_at[0].fwd
-            speedups.append((ratio >= PKM_GOAL_SPEEDUP, f"w={width}: PKM/LRAM {ratio:.2f}"))
+    lines = []
+    for params, speedup in PKM_GOALS:
+        checks = []
+        for width in widths:
+            lram_at, pkm_at = (measured(layer, width, params, "fwd_bwd") for layer in ("LRAM", "PKM"))
+            if lram_at and pkm_at:
+                ratio = pkm_at[0].fwd_bwd / lram_at[0].fwd_bwd
+                checks.append((ratio >= speedup, f"w={width}: PKM/LRAM {ratio:.2f}"))
+        lines.append(line(checks, f"LRAM at least {speedup:g}x faster than PKM at {format_params(params)} "
+                                  f"parameters (forward + backward)"))
     flatness = []
     for width in widths:
-        in_range = [m for m in forward("LRAM", width) if FLAT_RANGE[0] <= m.target <= FLAT_RANGE[1]]
+        in_range = [m for m in measured("LRAM", width) if FLAT_RANGE[0] <= m.target <= FLAT_RANGE[1]]
         if len(in_range) >= 2:
             ratio = max(m.fwd for m in in_range) / min(m.fwd for m in in_range)
             span = f"{format_params(min(m.params for m in in_range))}..{format_params(max(m.params for m in in_range))}"
             flatness.append((ratio <= FLAT_MAX_RATIO, f"w={width} ({len(in_range)} sizes, {span}): {ratio:.2f}"))
-    versus_dense = []
-    for width in (w for w in widths if w >= DENSE_GOAL_MIN_WIDTH):
-        dense, lram_sizes = forward("dense MLP", width), forward("LRAM", width)
-        if dense and lram_sizes:
-            ratio = dense[0].fwd / max(m.fwd for m in lram_sizes)
-            versus_dense.append((ratio > 1, f"w={width}: dense/slowest LRAM {ratio:.2f}"))
-    return [
-        line(speedups, f"LRAM at least {PKM_GOAL_SPEEDUP:g}x faster than PKM at {format_params(PKM_GOAL_PARAMS)} "
-                       f"parameters (forward)"),
-        line(flatness, f"LRAM nearly flat from {format_params(FLAT_RANGE[0])} to {format_params(FLAT_RANGE[1])} "
-                       f"parameters: slowest/fastest size at a width <= {FLAT_MAX_RATIO:g} (forward; the range "
-                       f"starts where the width's dense weights, 5w^2, allow)"),
-        line(versus_dense, f"LRAM faster than the dense MLP from width {DENSE_GOAL_MIN_WIDTH} up: every LRAM size "
-                           f"measured at the width (forward)"),
-    ]
+    lines.append(line(flatness, f"LRAM nearly flat from {format_params(FLAT_RANGE[0])} to "
+                                f"{format_params(FLAT_RANGE[1])} parameters: slowest/fastest size at a width <= "
+                                f"{FLAT_MAX_RATIO:g} (forward; the range starts where the width's dense weights, "
+                                f"5w^2, allow)"))
+    bandwidth = []
+    for width in widths:
+        with_rows = measured("LRAM", width, attribute="lookup_gbps")
+        if with_rows and hbm_gbps:
+            largest = max(with_rows, key=lambda m: m.params)  # the largest table: its rows come from HBM
+            fraction = largest.lookup_gbps / hbm_gbps
+            bandwidth.append((fraction >= HBM_GOAL_FRACTION, f"w={width} {largest.memory}: {fraction:.2f}"))
+    lines.append(line(bandwidth, f"LRAM's lookup reads its value rows at >= {HBM_GOAL_FRACTION:.0%} of the spec "
+                                 f"HBM bandwidth (largest memory of a width)"))
+    dense_widths = [w for w in widths if measured("dense MLP", w) and measured("LRAM", w)]
+    if precision.startswith("fp32"):
+        judged = [w for w in dense_widths if w <= DENSE_GOAL_MAX_WIDTH][-1:]  # the paper's 8192, or the widest below
+        checks = []
+        for width in judged:
+            dense, slowest = measured("dense MLP", width)[0].fwd, max(m.fwd for m in measured("LRAM", width))
+            checks.append((dense / slowest > 1, f"w={width}: dense/slowest LRAM {dense / slowest:.2f}"))
+        lines.append(line(checks, f"LRAM faster than the fp32 dense MLP (TF32 off) at width {DENSE_GOAL_MAX_WIDTH} "
+                                  f"or the widest measured below it (the paper's Table 4 crossover; forward)"))
+    elif dense_widths:
+        # dense time per token = 16 w^2 / F (two w x 4w matmuls); LRAM's grows as w (w/16 lookups): c w.
+        # They cross at w* = c F / 16, with F and c measured at the widest width.
+        width = dense_widths[-1]
+        dense, lram_fwd = measured("dense MLP", width)[0].fwd, max(m.fwd for m in measured("LRAM", width))
+        flops = 16 * width**2 / dense
+        crossover = lram_fwd / width * flops / 16
+        lines.append(f"[i] {precision} dense MLP against LRAM: at w={width} the dense MLP runs at "
+                     f"{flops / 1e12:.0f} TFLOP/s ({dense * 1e6:.3g} µs per token) and LRAM takes "
+                     f"{lram_fwd * 1e6:.3g} µs per token ({lram_fwd / width * 1e9:.3g} ns per width unit); "
+                     f"LRAM would be faster from w = {lram_fwd / width:.3g} s x {flops:.3g} FLOP/s / 16 = "
+                     f"{crossover:,.0f}")
+    return lines
 
 
-def write_csv(path, results, meta: dict, hbm_gbps):
-    columns = [f.name for f in fields(Measurement)] + ["adam_share", "sparse_adam_share", "lookup_hbm_fraction"]
-    times = {"fwd", "fwd_bwd", "fwd_bwd_reverse_index", "step_adam", "adam", "step_sparse", "sparse_adam", "lookup"}
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(list(meta) + ["hbm_spec_gbps"] + [f"{c}_us_per_token" if c in times else c for c in columns])
-        for m in results:
-            values = {f.name: getattr(m, f.name) for f in fields(Measurement)}
-            values |= {n: v * 1e6 for n, v in values.items() if n in times and v is not None}
-            values |= {"adam_share": m.adam_share, "sparse_adam_share": m.sparse_adam_share,
-                       "lookup_hbm_fraction": None if m.lookup_gbps is None or hbm_gbps is None
-                       else m.lookup_gbps / hbm_gbps}
-            cells = ["" if values[c] is None else values[c] for c in columns]
-            writer.writerow(list(meta.values()) + [hbm_gbps] + cells)
+class CsvRows:
+    """The CSV, one row written (and flushed) per measurement, so a run cut short keeps what it measured."""
+    TIMES = {"fwd", "fwd_bwd", "fwd_bwd_reverse_index", "step_adam", "adam", "step_sparse", "sparse_adam", "lookup",
+             "lookup_no_torus", "lookup_bwd"}
+
+    def __init__(self, path, meta: dict, hbm_gbps):
+        self.columns = [f.name for f in fields(Measurement)] + ["adam_share", "sparse_adam_share",
+                                                                 "lookup_hbm_fraction"]
+        self.meta, self.hbm_gbps = meta, hbm_gbps
+        self.file = open(path, "w", newline="")
+        self.writer = csv.writer(self.file)
+        self.writer.writerow(list(meta) + ["hbm_spec_gbps"] + [f"{c}_us_per_token" if c in self.TIMES else c
+                                                               for c in self.columns])
+        self.file.flush()
+
+    def write(self, m: Measurement):
+        values = {f.name: getattr(m, f.name) for f in fields(Measurement)}
+        values |= {n: v * 1e6 for n, v in values.items() if n in self.TIMES and v is not None}
+        values |= {"adam_share": m.adam_share, "sparse_adam_share": m.sparse_adam_share,
+                   "lookup_hbm_fraction": None if m.lookup_gbps is None or self.hbm_gbps is None
+                   else m.lookup_gbps / self.hbm_gbps}
+        cells = ["" if values[c] is None else values[c] for c in self.columns]
+        self.writer.writerow(list(self.meta.values()) + [self.hbm_gbps] + cells)
+        self.file.flush()
+
+    def close(self):
+        self.file.close()
 
 
 def plot(path, results, title):
@@ -610,18 +712,28 @@ def main(argv=None):
 
     on_gpu = device.type == "cuda"
     autocast, _, precision = precision_for(device, args.precision)
+    if precision == "fp32":  # the paper's Table 4: fp32 matmuls, not TF32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     cpu_name = f"CPU ({platform.processor() or platform.machine()})"
     device_name = torch.cuda.get_device_name(device) if on_gpu else cpu_name
     hbm_gbps = (args.hbm_gbps or hbm_spec_gbps(device_name)) if on_gpu else None
     bench = Bench(device, autocast, None if on_gpu else False, args.tokens, args.repeats, args.warmup)
     meta = {"device": device_name, "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "torch": torch.__version__, "triton": package_version("triton"), "precision": precision,
+            "torch": torch.__version__, "triton": package_version("triton"),
+            "precision": precision + (" (TF32 off)" if precision == "fp32" else ""),
             "tokens": args.tokens, "repeats": args.repeats, "warmup": args.warmup,
             "command": shlex.join(["python", "scripts/bench_memory_layers.py", *argv])}
 
     configs, unreachable = plan(args.layers, args.widths, args.params)
     print(f"# {device_name}: {len(configs)} configurations", flush=True)
-    results = run_all(configs, bench)
+    args.out.mkdir(parents=True, exist_ok=True)
+    # The precision is in the name so that an fp32 and a bf16 run can share one results folder.
+    stem = args.out / f"memory_layers_{re.sub(r'[^a-z0-9]+', '-', device_name.lower()).strip('-')}_{precision}"
+    rows = CsvRows(stem.with_suffix(".csv"), meta, hbm_gbps)
+    try:
+        results = run_all(configs, bench, on_result=rows.write)
+    finally:
+        rows.close()
 
     report = [f"# {device_name}, {precision}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}",
               f"# {meta['command']}",
@@ -638,6 +750,9 @@ def main(argv=None):
     report += [f"- {note}" for note in unreachable]
     report.append("- Adam / sparse opt: the optimiser's share of the step (sparse: Adam on the dense weights and "
                   "SparseAdam on the values)")
+    report.append("- lookup / no torus / lookup+bwd: LRAM's theta alone on precomputed heads, the lookup alone on "
+                  "precomputed lattice coordinates, theta forward + backward (kernel rows, µs per token); GB/s: the "
+                  "value rows gathered (backward: twice, plus their fp32 gradients) over that time")
     report.append("- lookup GB/s: bytes of the value rows LRAM's theta gathers per run (tokens x heads x topk rows) "
                   "over the time of theta alone, on precomputed queries")
     if not on_gpu:
@@ -650,15 +765,12 @@ def main(argv=None):
                       "above 1 means the rows came from cache")
     else:
         report.append("- of HBM: n/a on CPU")
-    report += ["", "Goals (issue 4):"]
-    report += evaluate_goals(results) if on_gpu else ["not judged: the goals are GPU goals and this ran on CPU"]
+    report += ["", "Goals (issues 4 and 14):"]
+    report += (evaluate_goals(results, hbm_gbps, meta["precision"]) if on_gpu
+               else ["not judged: the goals are GPU goals and this ran on CPU"])
 
     print("\n".join(report))
-    args.out.mkdir(parents=True, exist_ok=True)
-    # The precision is in the name so that an fp32 and a bf16 run can share one results folder.
-    stem = args.out / f"memory_layers_{re.sub(r'[^a-z0-9]+', '-', device_name.lower()).strip('-')}_{precision}"
     stem.with_suffix(".txt").write_text("\n".join(report) + "\n")
-    write_csv(stem.with_suffix(".csv"), results, meta, hbm_gbps)
     plot(stem.with_suffix(".png"), results, f"{device_name}, {precision}, {args.tokens} tokens per run, "
                                             f"median of {args.repeats}")
     print(f"wrote {stem}.txt, .csv and .png")

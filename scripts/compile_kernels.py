@@ -26,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECTS = ("lram_gpt", "pkm_gpt", "qlstm")
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")  # a launch's compile options, not arguments
 DTYPE_NAMES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16",
                "torch.int64": "i64", "torch.int32": "i32", "torch.int16": "i16", "torch.int8": "i8",
                "torch.uint8": "u8", "torch.bool": "u1"}
@@ -57,6 +58,14 @@ def _scenarios(project):
                        lambda block=block, x=x: forward_backward(block, x, autocast=True))
         block = LRAMBlock(32, memory_size=2 ** 16, use_triton=True)
         yield "read_locations", lambda: block.read_locations(torch.randn(1, 5, 32))
+        yield "fp32 without autocast", lambda: forward_backward(block, torch.randn(1, 3, 32), autocast=False)
+        from projects.lram_gpt.lookup_triton import interpolate_triton
+
+        def lookup_from_coordinates():  # phi(q) and its gradients: the kernels without the torus query
+            q = (torch.randn(3, 8) * 8).requires_grad_()
+            interpolate_triton(q, block.values, block.K).square().sum().backward()
+
+        yield "interpolate_triton", lookup_from_coordinates
     elif project == "pkm_gpt":
         from projects.pkm_gpt.pkm import LRAM_PAPER_PKM, ProductKeyMemory
 
@@ -106,6 +115,7 @@ def record(project):
     original_run = InterpretedFunction.run
 
     def recording_run(self, *args, grid, warmup, **kwargs):
+        options = {name: kwargs.pop(name) for name in LAUNCH_OPTIONS if name in kwargs}
         bound = inspect.signature(self.fn).bind(*args, **kwargs)
         signature, constants, aligned = {}, {}, []
         for position, (name, parameter) in enumerate(inspect.signature(self.fn).parameters.items()):
@@ -117,9 +127,9 @@ def record(project):
             if divisible:
                 aligned.append(position)
         launch = {"module": self.fn.__module__, "kernel": self.fn.__name__, "signature": signature,
-                  "constants": constants, "aligned": aligned}
+                  "constants": constants, "aligned": aligned, "options": options}
         launches.setdefault(json.dumps(launch, sort_keys=True), launch)
-        return original_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        return original_run(self, *args, grid=grid, warmup=warmup, **kwargs, **options)
 
     InterpretedFunction.run = recording_run
     try:
@@ -153,8 +163,8 @@ def _resource_usage(cubin: bytes) -> dict:
     return usage
 
 
-def compile_launch(launch, arch):
-    """Compile one recorded launch for sm_<arch>; a dict of its resources (or of its error)."""
+def compile_to_cubin(launch, arch):
+    """Compile one recorded launch for sm_<arch>: Triton's compiled kernel (cubin in .asm["cubin"])."""
     import importlib
 
     import triton
@@ -164,13 +174,45 @@ def compile_launch(launch, arch):
     kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
     attrs = {(position,): [["tt.divisibility", 16]] for position in launch["aligned"]}
     source = ASTSource(fn=kernel, signature=launch["signature"], constexprs=launch["constants"], attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=launch.get("options") or None)
+
+
+def compile_launch(launch, arch):
+    """Compile one recorded launch for sm_<arch>; a dict of its resources (or of its error)."""
     start = time.perf_counter()
     try:
-        compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32))
+        compiled = compile_to_cubin(launch, arch)
     except Exception as error:  # report every kernel's outcome, then fail at the end
         return {"error": f"{type(error).__name__}: {error}"}
     return {"seconds": time.perf_counter() - start, "shared": compiled.metadata.shared,
             "warps": compiled.metadata.num_warps, **_resource_usage(compiled.asm["cubin"])}
+
+
+def recorded_launches(project):
+    """The project's distinct kernel launches, recorded by a child process under the interpreter.
+
+    The interpreter is chosen when a kernel is defined, so the caller (which compiles) must never see it:
+    call prepare_compiling() first.
+    """
+    python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    child_env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": python_path}
+    with tempfile.TemporaryDirectory() as scratch:
+        launches_file = Path(scratch) / "launches.json"
+        recorded = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--record", project,
+                                   str(launches_file)], env=child_env, capture_output=True, text=True)
+        if recorded.returncode:
+            print(recorded.stdout + recorded.stderr, file=sys.stderr)
+            if "only 0-dimensional arrays" in recorded.stderr:
+                print("Triton < 3.8's interpreter needs NumPy < 2.4 (pip install 'numpy<2.4')", file=sys.stderr)
+            raise SystemExit(f"recording the launches of {project} failed")
+        return json.loads(launches_file.read_text())
+
+
+def prepare_compiling():
+    """Switch the interpreter off in this process and make the projects importable."""
+    os.environ.pop("TRITON_INTERPRET", None)
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
 
 
 def _constants_text(constants):
@@ -198,26 +240,13 @@ def main(argv=None):
         return 0
 
     projects, archs = args.project or list(PROJECTS), args.arch or [90, 80]
-    python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    child_env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": python_path}
-    # The interpreter is chosen when a kernel is defined, so the compile half must never see it.
-    os.environ.pop("TRITON_INTERPRET", None)
-    sys.path.insert(0, str(ROOT))
+    prepare_compiling()
     import triton
 
     rows, failed = [], False
     for project in projects:
         print(f"{project}: recording its kernel launches under the interpreter", file=sys.stderr, flush=True)
-        with tempfile.TemporaryDirectory() as scratch:
-            launches_file = Path(scratch) / "launches.json"
-            recorded = subprocess.run([sys.executable, __file__, "--record", project, str(launches_file)],
-                                      env=child_env, capture_output=True, text=True)
-            if recorded.returncode:
-                print(recorded.stdout + recorded.stderr, file=sys.stderr)
-                if "only 0-dimensional arrays" in recorded.stderr:
-                    print("Triton < 3.8's interpreter needs NumPy < 2.4 (pip install 'numpy<2.4')", file=sys.stderr)
-                raise SystemExit(f"recording the launches of {project} failed")
-            launches = json.loads(launches_file.read_text())
+        launches = recorded_launches(project)
         print(f"{project}: compiling {len(launches)} launches for {', '.join(f'sm_{a}' for a in archs)}",
               file=sys.stderr, flush=True)
         for launch in launches:

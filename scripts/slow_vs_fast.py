@@ -4,8 +4,9 @@
 
 Scores every target of a split, read as one stream (as the slow evaluation reads it), twice with the run's
 checkpoint: in windows of seq_len laid side by side (a target at window position p sees p tokens of context,
-as in the fast evaluation) and in the slow evaluation's windows (moved by seq_len/4: after the first window,
-every target sees at least 3/4 seq_len tokens). Prints both mean losses and their difference per target,
+as in the fast evaluation) and in the run's slow-evaluation windows (its --slow_eval protocol; with the
+default last_n = seq_len/4 every target scored sees at least 3/4 seq_len tokens). Prints both mean losses and
+their difference per target over the targets both score,
 by the context the target has in the side-by-side windows. A model that predicts worse from long context
 than from short (a model trained for a few hundred steps does) shows positive differences at short context,
 and its slow evaluation comes out worse than its fast one. Targets with 3/4 seq_len of context or more sit
@@ -22,23 +23,25 @@ import torch
 import torch.nn.functional as F
 
 from languini import checkpoint
-from languini.books import BooksDataset, Stream
+from languini.books import BooksDataset, Stream, window_plan
 
 BUCKETS = 8  # rows of the table: context lengths in eighths of seq_len
 
 
 def load_run(run_dir: Path):
-    """The run's model (its checkpoint's weights, eval mode), model config and dataset."""
+    """The run's model (its checkpoint's weights, eval mode), model config, dataset and slow-eval protocol."""
     results = json.loads((run_dir / "results.json").read_text())
     project = results["project"]
     configs = importlib.import_module(f"projects.{project}.configs")
     model_cls = importlib.import_module(f"projects.{project}.model").Model
-    ckpt = checkpoint.load(run_dir, torch.device("cpu"))
+    ckpt, _ = checkpoint.load(run_dir, torch.device("cpu"))
     cfg = configs.ModelConfig(**ckpt["model_config"])
     model = model_cls(cfg)
     model.load_state_dict(ckpt["model"])
     dataset_dir = Path(results["dataset"])
-    return model.eval(), cfg, BooksDataset(dataset_dir.parent, cfg.vocab_size)
+    train = results.get("train_config", {})
+    protocol = (train.get("slow_eval", "last_n"), train.get("slow_eval_last_n") or max(cfg.seq_len // 4, 1))
+    return model.eval(), cfg, BooksDataset(dataset_dir.parent, cfg.vocab_size), protocol
 
 
 @torch.no_grad()
@@ -63,22 +66,12 @@ def target_losses(model, tokens: torch.Tensor, windows: list[tuple[int, int, int
     return losses
 
 
-def slow_windows(n: int, seq_len: int, stride: int) -> list[tuple[int, int, int]]:
-    """The slow evaluation's windows over n tokens, as books.sliding_windows moves them: the first scores all
-    its targets, every later one, moved by stride, its last stride targets; the last ends on the last target."""
-    windows, end = [(0, 1, min(seq_len, n - 1))], min(seq_len, n - 1)
-    while end < n - 1:
-        new_end = min(end + stride, n - 1)
-        windows.append((max(new_end - seq_len, 0), end + 1, new_end))
-        end = new_end
-    return windows
-
-
-def compare(model, tokens: torch.Tensor, seq_len: int, batch_size: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+def compare(model, tokens: torch.Tensor, seq_len: int, batch_size: int = 16, protocol: str = "last_n",
+            last_n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-target losses (index = target position in the stream) in side-by-side and in slow-eval windows."""
     n = len(tokens)
     side_by_side = [(s, s + 1, min(s + seq_len, n - 1)) for s in range(0, n - 1, seq_len)]
-    slow = slow_windows(n, seq_len, max(seq_len // 4, 1))
+    slow = window_plan(n, seq_len, last_n or max(seq_len // 4, 1), protocol)
     return target_losses(model, tokens, side_by_side, batch_size), target_losses(model, tokens, slow, batch_size)
 
 
@@ -107,11 +100,11 @@ def main(argv=None) -> tuple[torch.Tensor, torch.Tensor]:
                         help="windows per forward pass; a model whose output does not depend on its batch prints "
                              "the same table for any")
     args = parser.parse_args(argv)
-    model, cfg, dataset = load_run(Path(args.run))
+    model, cfg, dataset, (protocol, last_n) = load_run(Path(args.run))
     stream = Stream(dataset.books(args.split), cfg.vocab_size, repeat=False)
     tokens = torch.from_numpy(stream.read(0, min(stream.length, args.max_tokens or stream.length)))
-    fast, slow = compare(model, tokens, cfg.seq_len, args.batch_size)
-    print(f"{args.run}, split {args.split}:")
+    fast, slow = compare(model, tokens, cfg.seq_len, args.batch_size, protocol, last_n)
+    print(f"{args.run}, split {args.split} (slow evaluation: {protocol}, last_n {last_n}):")
     print(report(fast, slow, cfg.seq_len))
     return fast, slow
 

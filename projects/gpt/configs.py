@@ -11,6 +11,9 @@ class ModelConfig:
     n_heads: int = 12
     d_head: int = 64  # attention width is n_heads * d_head, which differs from d_model for mini
     mlp_ratio: int = 4
+    # math: an explicit masked softmax, as the official Languini code (whose use_flash is off: the paper saw
+    # gradient spikes with flash attention on its RTX 3090); sdpa: F.scaled_dot_product_attention (flash kernels)
+    attention: str = "math"
 
 
 SIZES = {

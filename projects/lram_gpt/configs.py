@@ -20,6 +20,9 @@ class ModelConfig:
     n_heads: int = 12
     d_head: int = 64  # attention width is n_heads * d_head, which differs from d_model for mini
     mlp_ratio: int = 4
+    # math: an explicit masked softmax, as the official Languini code (whose use_flash is off: the paper saw
+    # gradient spikes with flash attention on its RTX 3090); sdpa: F.scaled_dot_product_attention (flash kernels)
+    attention: str = "math"
     # Index (from 0) of the block whose MLP the memory replaces; None: (2 * n_layers - 1) // 3, the last
     # block of the first two thirds, which is the LRAM paper's 4th of 6 layers.
     memory_layer: int | None = None
@@ -29,6 +32,7 @@ class ModelConfig:
     memory_query_norm: str = "layer"  # layer (causal), batch (the paper's; not causal) or none
     memory_value_grad: str = "atomic"  # Triton value-gradient reduction: atomic or segment
     sparse_values: bool = False  # value gradient as sparse rows, for a lazy (SparseAdam) optimiser group
+    memory_value_dtype: str = "float32"  # the value table: float32 or bfloat16 (half the bytes per lookup)
     value_lr_multiplier: float = 10.0  # the value table's learning rate over the rest's (LRAM paper 3.2)
 
 

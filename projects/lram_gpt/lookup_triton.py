@@ -1,20 +1,37 @@
-"""Triton kernels for the lattice memory read phi(q) = sum_k f(|q - k|) v_k (lattice.interpolate is the reference).
+"""Triton kernels for the lattice memory read (memory.theta and lattice.interpolate are the references).
 
-Per query row (one token and head) a program block finds the nearest lattice point, maps the query into the
-fundamental region F, scores all 232 FUNDAMENTAL_POINTS as one [BLOCK, 256] tile, picks the `topk` heaviest
-by repeated arg-max (ties go to the earlier point, as in the reference's stable sort), and accumulates
-weight * values[index] in fp32 from fp32 or bf16 values. The backward pass recomputes the lookup instead of
-storing it and returns
-    dL/dq      = -sum_k (g . v_k) u_k^3 (q - k)     with u_k = 1 - |q - k|^2 / 8, so f = u^4,
-    dL/dv_k   += f(|q - k|) g                      by atomics ("atomic") or, without atomics, by sorting the
-                                                   (row, slot) pairs by memory index and summing each
-                                                   index's segment ("segment").
-With sparse=True the value gradient is a sparse COO tensor holding only the rows read: the segment sums
-(unique sorted indices, one summed row each) written compactly instead of into a dense [N, m] table.
-The harmonic scale and the arg of theta stay in torch (memory.theta), so their gradients are autograd's.
-BLOCK_ROWS, SEGMENT_BLOCK and the default value_grad="atomic" are untuned: no GPU has timed them yet.
+One program of one warp serves one lookup (a token's head), so no step needs more than the warp:
+1. torus query (fused): the head's 16 inputs z give the harmonic scale s and q_i = K_i / (2 pi) arg z_i
+   (arg by a polynomial: the interpreter has no atan2); or q is given (interpolate_triton, lookup_triton).
+2. the nearest lattice point c and the signed permutation into the fundamental region F (paper 2.6), z_F,
+   one coordinate per lane; its results go through a small per-lookup scratch in memory (a store to the
+   permuted address is the permutation, and memory keeps the compiler from recomputing this part in the
+   layouts below, where every lane holds all 8 coordinates).
+3. d2 = |z_F - p|^2 for the 232 FUNDAMENTAL_POINTS p, 32 lanes x 8.
+4. the exact top-k by a threshold search on the count of d2 below it (warp reductions, no sort): probes
+   interpolate the count as a function of d2^4 (a ball's volume), every third probe bisects; it stops when
+   exactly k lie below. If two candidates share the boundary's d2 exactly, the earlier point wins, as in the
+   reference's stable sort. The chosen candidates are written compacted (prefix sum) to a per-slot buffer.
+5. per slot (one lane each): the lattice point, its memory index (int32) and weight u^4, u = 1 - d2/8.
+6. the weighted sum of the k value rows (fp32 or bf16, fp32 accumulation), 8 rows at a time (each a
+   coalesced [8, m] tile), scaled by s and written in the output dtype (fused cast).
+The forward saves what the backward needs (per slot the memory index and the candidate; per lookup z_F, the
+permutation and signs packed in one int32, and s), so the backward does not select again. Per lookup it
+gathers the k rows once for a_k = g . v_k and returns
+    dL/dz_F = -s sum_k a_k u_k^3 (z_F - p_k)        (mapped back to q, then through the torus query)
+    dL/ds   = sum_k u_k^4 a_k
+    dL/dv_k += s u_k^4 g                             by relaxed atomics ("atomic"), or without per-entry atomics
+                                                     ("segment"): entries sorted by int32 memory index, each
+                                                     chunk of 32 sorted entries sums its runs in order and
+                                                     stores them, runs cut by a chunk's edge are added
+                                                     atomically. No host synchronisation on the dense path.
+With sparse=True the value gradient is a sparse COO tensor of the rows read (the segment sums written
+compactly; the number of rows read is the one host synchronisation of that path).
+scripts/kernel_cost.py prints what each kernel costs per lookup (projects/lram_gpt/kernel_cost.csv).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -30,281 +47,489 @@ from projects.lram_gpt.lattice import (
 )
 
 VALUE_GRAD_METHODS = ("atomic", "segment")
-POINTS_PAD = 256  # the 232 points padded to a power of two for the score tile
-BLOCK_ROWS = 16
-SEGMENT_BLOCK = 32
+HEAD_INPUTS = 2 * DIM
+POINTS_PAD = 256  # the 232 points padded to 32 lanes x 8
+SEGMENT_BLOCK = 32  # sorted (row, slot) entries per program of the segment sums, summed in order
+# Registers per thread: a one-warp program at 64 lets an SM hold 32 of them (its most), 50% occupancy (sm_80,
+# sm_90). ptxas meets the cap without spilling (scripts/kernel_cost.py counts LDL/STL) for theta's forward and
+# every backward; the forward from lattice coordinates (interpolate_triton, lookup_triton) goes uncapped.
+REGISTERS = 64
 COORDS = tl.constexpr(DIM)  # compiled kernels may read a global only if it is a constexpr
+FIRST_PROBE = tl.constexpr(8.0)  # d2 = 8 is the kernel's support: ~65 points lie below it (paper Table 1)
+PROBE_CEILING = tl.constexpr(40.0)  # above every candidate's d2 (|z_F| <= 2, |p| <= 4), below the padding's
+PADDING_D2 = 1e30
+TINY = tl.constexpr(torch.finfo(torch.float32).tiny)
+PI = tl.constexpr(math.pi)
+HALF_PI = tl.constexpr(math.pi / 2)
+# atan(a) / a as a polynomial in a^2 on [0, 1]: a least-squares fit, max error 1e-7 rad in fp32 arithmetic.
+A0, A1, A2, A3, A4, A5, A6, A7, A8 = (tl.constexpr(c) for c in (
+    1.0, -0.3333309292793274, 0.19993020594120026, -0.14206823706626892, 0.1065329760313034, -0.07530403137207031,
+    0.042997024953365326, -0.016254819929599762, 0.0028960001654922962))
+
+
+@triton.jit
+def _atan2(y, x):
+    ax = tl.abs(x)
+    ay = tl.abs(y)
+    big = tl.maximum(ax, ay)
+    a = tl.fdiv(tl.minimum(ax, ay), tl.where(big == 0.0, 1.0, big))  # 2 ulp: within the polynomial's error
+    s = a * a
+    p = A8 * s + A7
+    p = p * s + A6
+    p = p * s + A5
+    p = p * s + A4
+    p = p * s + A3
+    p = p * s + A2
+    p = p * s + A1
+    p = p * s + A0
+    r = a * p
+    r = tl.where(ay > ax, HALF_PI - r, r)
+    r = tl.where(x < 0.0, PI - r, r)
+    return tl.where(y < 0.0, -r, r)
 
 
 @triton.jit
 def _nearest_d8(y, cols):
-    """Nearest point of D8 to each row of y [BLOCK, 8] (Conway & Sloane): round, fix an odd sum."""
+    """Nearest point of D8 to y [8] (Conway & Sloane): round, then fix an odd sum at the worst coordinate."""
     rounded = tl.floor(y + 0.5)
     residual = y - rounded
-    total = tl.sum(rounded, axis=1)
+    total = tl.sum(rounded, axis=0)
     odd = (total - 2.0 * tl.floor(total * 0.5)) != 0.0
-    worst = tl.argmax(tl.abs(residual), axis=1, tie_break_left=True)
+    worst = tl.argmax(tl.abs(residual), axis=0, tie_break_left=True)
     step = tl.where(residual >= 0.0, 1.0, -1.0)
-    fix = (cols[None, :] == worst[:, None]) & odd[:, None]
-    return rounded + tl.where(fix, step, 0.0)
+    return rounded + tl.where(cols == worst, tl.where(odd, step, 0.0), 0.0)
 
 
 @triton.jit
-def _locate(q, cols, points_t_ptr, N_POINTS: tl.constexpr, POINTS: tl.constexpr):
-    """Nearest point, isometry into F and the [BLOCK, POINTS] tile of u = max(0, 1 - d^2/8) (-1 on padding)."""
-    even = 2.0 * _nearest_d8(q * 0.5, cols)
-    odd = 2.0 * _nearest_d8((q - 1.0) * 0.5, cols) + 1.0
-    d_even = tl.sum((q - even) * (q - even), axis=1)
-    d_odd = tl.sum((q - odd) * (q - odd), axis=1)
-    center = tl.where((d_odd < d_even)[:, None], odd, even)
-    offset = q - center
-    # position[i]: rank of |offset_i| in descending order, equal magnitudes keep coordinate order.
-    mag = tl.abs(offset)
-    mag_i = mag[:, :, None]
-    mag_j = mag[:, None, :]
-    ahead = (mag_j > mag_i) | ((mag_j == mag_i) & (cols[None, None, :] < cols[None, :, None]))
-    position = tl.sum(ahead.to(tl.int32), axis=2)
-    negative = offset < 0.0
-    odd_negatives = (tl.sum(negative.to(tl.int32), axis=1) % 2) == 1
-    sign = tl.where(negative, -1.0, 1.0)
-    sign = tl.where((position == COORDS - 1) & odd_negatives[:, None], -sign, sign)
-    signed = sign * offset
-    moved = position[:, :, None] == cols[None, None, :]
-    z = tl.sum(tl.where(moved, signed[:, :, None], 0.0), axis=1)
-
-    point_ids = tl.arange(0, POINTS)
-    squared = tl.zeros((q.shape[0], POINTS), dtype=tl.float32)
-    for k in tl.static_range(COORDS):
-        z_k = tl.sum(tl.where(cols[None, :] == k, z, 0.0), axis=1)
-        p_k = tl.load(points_t_ptr + k * POINTS + point_ids)
-        diff = z_k[:, None] - p_k[None, :]
-        squared += diff * diff
-    closeness = tl.maximum(1.0 - squared * 0.125, 0.0)
-    closeness = tl.where(point_ids[None, :] < N_POINTS, closeness, -1.0)
-    return center, position, sign, closeness
-
-
-@triton.jit
-def _take_heaviest(closeness, center, position, sign, points_ptr, half_periods, strides, half_memory, cols,
-                   POINTS: tl.constexpr):
-    """Remove the heaviest point of each row from the tile; return it as (tile, u, lattice point, index)."""
-    best, which = tl.max(closeness, axis=1, return_indices=True, return_indices_tie_break_left=True)
-    closeness = tl.where(tl.arange(0, POINTS)[None, :] == which[:, None], -1.0, closeness)
-    point = tl.load(points_ptr + which[:, None] * COORDS + position)
-    lattice_point = center + sign * point
-    coords = lattice_point.to(tl.int32)
-    parity = tl.sum(tl.where(cols[None, :] == 0, coords & 1, 0), axis=1)
-    digit = (coords - parity[:, None]) >> 1  # exact halving of an even number, floor for negatives
-    digit = ((digit % half_periods[None, :]) + half_periods[None, :]) % half_periods[None, :]
-    digit = tl.where(cols[None, :] == COORDS - 1, digit >> 1, digit)
-    index = parity.to(tl.int64) * half_memory + tl.sum(digit.to(tl.int64) * strides[None, :], axis=1)
-    return closeness, best, lattice_point, index
+def _torus_query(z_ptr, freq_ptr, row, cols):
+    """Harmonic scale and lattice coordinates q [8] of one head's 16 inputs, as memory.torus_query."""
+    re = tl.load(z_ptr + row * (2 * COORDS) + cols).to(tl.float32)
+    im = tl.load(z_ptr + row * (2 * COORDS) + COORDS + cols).to(tl.float32)
+    squared = re * re + im * im
+    scale = tl.fdiv(1.0, tl.sum(tl.math.rsqrt(tl.maximum(squared, TINY)), axis=0))
+    angle = _atan2(im, tl.where(squared == 0.0, 1.0, re))
+    return scale, angle * tl.load(freq_ptr + cols)
 
 
 @triton.jit
 def _forward_kernel(
-    q_ptr, values_ptr, out_ptr, index_ptr, weight_ptr,
-    half_periods_ptr, strides_ptr, points_ptr, points_t_ptr,
-    n_rows, half_memory, M,
-    M_PAD: tl.constexpr, TOPK: tl.constexpr, N_POINTS: tl.constexpr, POINTS: tl.constexpr,
-    BLOCK: tl.constexpr, WRITE_OUTPUT: tl.constexpr, WRITE_LOOKUP: tl.constexpr,
+    x_ptr, values_ptr, out_ptr, cand_ptr, index_ptr, weight_ptr, zf_ptr, frame_ptr, scale_ptr, place_ptr,
+    place_stride_ptr, freq_ptr, half_periods_ptr, strides_ptr, points_t_ptr, norms_ptr, points_ptr,
+    half_memory,
+    M: tl.constexpr, M_PAD: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr,
+    FROM_Q: tl.constexpr, READ: tl.constexpr, SAVE: tl.constexpr,
 ):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    row_ok = rows < n_rows
+    row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, COORDS)
-    value_cols = tl.arange(0, M_PAD)
-    value_ok = row_ok[:, None] & (value_cols[None, :] < M)
-    q = tl.load(q_ptr + rows[:, None] * COORDS + cols[None, :], mask=row_ok[:, None], other=0.0)
-    half_periods = tl.load(half_periods_ptr + cols)
-    strides = tl.load(strides_ptr + cols)
+    if FROM_Q:
+        q = tl.load(x_ptr + row * COORDS + cols)
+        # into [-K/2, K/2] (exactly: minus an integer), as the torus query's are; a lattice translation
+        period = 2.0 * tl.load(half_periods_ptr + cols).to(tl.float32)
+        q = q - period * tl.floor(q * tl.fdiv(1.0, period) + 0.5)
+        scale = 1.0
+    else:
+        scale, q = _torus_query(x_ptr, freq_ptr, row, cols)
 
-    center, position, sign, closeness = _locate(q, cols, points_t_ptr, N_POINTS, POINTS)
-    acc = tl.zeros((BLOCK, M_PAD), dtype=tl.float32)
-    for slot in range(TOPK):
-        closeness, u, lattice_point, index = _take_heaviest(
-            closeness, center, position, sign, points_ptr, half_periods, strides, half_memory, cols, POINTS)
-        weight = (u * u) * (u * u)
-        if WRITE_OUTPUT:
-            rows_v = tl.load(values_ptr + index[:, None] * M + value_cols[None, :], mask=value_ok, other=0.0)
-            acc += weight[:, None] * rows_v.to(tl.float32)
-        if WRITE_LOOKUP:
-            tl.store(index_ptr + rows * TOPK + slot, index, mask=row_ok)
-            tl.store(weight_ptr + rows * TOPK + slot, weight, mask=row_ok)
-    if WRITE_OUTPUT:
-        tl.store(out_ptr + rows[:, None] * M + value_cols[None, :], acc, mask=value_ok)
+    # nearest lattice point: the nearer of the nearest points of the cosets 2*D8 and 2*D8 + 1
+    even = 2.0 * _nearest_d8(q * 0.5, cols)
+    odd = 2.0 * _nearest_d8((q - 1.0) * 0.5, cols) + 1.0
+    d_even = tl.sum((q - even) * (q - even), axis=0)
+    d_odd = tl.sum((q - odd) * (q - odd), axis=0)
+    center = tl.where(d_odd < d_even, odd, even)
+    offset = q - center
+    # coordinate i moves to place position[i] (falling |offset|, ties in coordinate order) with sign[i]; an odd
+    # count of negative signs flips the last coordinate too, so the sign changes are even. The comparison of
+    # all pairs reads |offset| from memory: the compiler would otherwise compute everything above twice.
+    place = place_ptr + row * (6 * COORDS)
+    tl.store(place + 5 * COORDS + cols, tl.abs(offset))
+    tl.debug_barrier()
+    mag_i = tl.load(place + 5 * COORDS + cols)[:, None]
+    mag_j = tl.load(place + 5 * COORDS + cols)[None, :]
+    ahead = (mag_j > mag_i) | ((mag_j == mag_i) & (cols[None, :] < cols[:, None]))
+    position = tl.sum(ahead.to(tl.int32), axis=1)
+    negative = offset < 0.0
+    odd_negatives = (tl.sum(negative.to(tl.int32), axis=0) % 2) == 1
+    sign = tl.where(negative, -1.0, 1.0)
+    sign = tl.where(position == COORDS - 1, tl.where(odd_negatives, -sign, sign), sign)
+    # By place, through memory (a store to the permuted address is the permutation): z_F, and what the
+    # memory index needs there. Memory also keeps the compiler from redoing the work above in the layouts
+    # below, where every lane holds all 8 coordinates, instead of one coordinate per lane.
+    tl.store(place + position, sign * offset)
+    tl.store(place + COORDS + position, center)
+    tl.store(place + 2 * COORDS + position, sign)
+    tl.store(place + 3 * COORDS + position, tl.load(half_periods_ptr + cols).to(tl.float32))
+    tl.store(place + 4 * COORDS + position, (cols == COORDS - 1).to(tl.float32))
+    tl.store(place_stride_ptr + row * COORDS + position, tl.load(strides_ptr + cols))
+    if SAVE:
+        tl.store(zf_ptr + row * COORDS + position, sign * offset)
+        packed = tl.sum(position << (3 * cols), axis=0) | tl.sum((sign < 0.0).to(tl.int32) << (24 + cols), axis=0)
+        tl.store(frame_ptr + row, packed)
+        tl.store(scale_ptr + row, scale)
+    zz = tl.sum(offset * offset, axis=0)
+    tl.debug_barrier()
+
+    # squared distances |p|^2 + |z_F|^2 - 2 z_F.p to the candidates, [32 lanes, 8 each] (padding: |p|^2 = 1e30)
+    points = tl.arange(0, 32)[:, None] * 8 + tl.arange(0, 8)[None, :]
+    dot = tl.zeros((32, 8), tl.float32)
+    for k in tl.range(COORDS, num_stages=1):  # a loop, not unrolled: registers for one coordinate's table row
+        dot += tl.load(place + k) * tl.load(points_t_ptr + k * 256 + points)
+    d2 = tl.load(norms_ptr + points) + (zz - 2.0 * dot)
+
+    # threshold t with exactly TOPK candidates below it; invariant count(lo) < TOPK < count(hi)
+    lo = tl.full((), 0.0, tl.float32)
+    hi = tl.full((), PROBE_CEILING, tl.float32)
+    count_lo = tl.full((), 0, tl.int32)
+    count_hi = tl.full((), 256, tl.int32)
+    t = tl.full((), FIRST_PROBE, tl.float32)
+    count = tl.full((), -1, tl.int32)
+    probes = tl.full((), 0, tl.int32)
+    stalled = tl.full((), 0, tl.int1)
+    while (count != TOPK) & (stalled == 0):
+        count = tl.sum((d2 < t).to(tl.int32))
+        below = count < TOPK
+        above = count > TOPK
+        lo = tl.where(below, t, lo)
+        count_lo = tl.where(below, count, count_lo)
+        hi = tl.where(above, t, hi)
+        count_hi = tl.where(above, count, count_hi)
+        probes += 1
+        share = tl.fdiv(TOPK + 0.5 - count_lo.to(tl.float32), (count_hi - count_lo).to(tl.float32))
+        share = tl.minimum(tl.maximum(share, 0.05), 0.95)
+        lo4 = (lo * lo) * (lo * lo)
+        hi4 = (hi * hi) * (hi * hi)
+        guess = tl.sqrt(tl.sqrt(lo4 + share * (hi4 - lo4)))
+        middle = 0.5 * (lo + hi)
+        guess = tl.where(((probes % 3) == 0) | (guess <= lo) | (guess >= hi), middle, guess)
+        stalled = (guess <= lo) | (guess >= hi)  # lo and hi are neighbouring floats: a tie at lo
+        t = tl.where(count == TOPK, t, guess)
+    chosen = d2 < t
+    if count != TOPK:  # a tie at d2 = lo: the earliest points at lo fill the remaining slots
+        equal = d2 == lo
+        first = tl.full((), 0, tl.int32)  # bisect the point bound b: count(equal and point < b) reaches TOPK
+        last = tl.full((), 256, tl.int32)
+        while last - first > 1:
+            middle_id = (first + last) // 2
+            enough = (count_lo + tl.sum((equal & (points < middle_id)).to(tl.int32))) >= TOPK
+            last = tl.where(enough, middle_id, last)
+            first = tl.where(enough, first, middle_id)
+        chosen = (d2 < lo) | (equal & (points < last))
+    chosen = chosen.to(tl.int32)
+    # compacted in point order: slot = chosen points before this one (in the lane, then in earlier lanes)
+    in_lane = tl.cumsum(chosen, axis=1) - chosen
+    per_lane = tl.sum(chosen, axis=1)
+    slot_of = (tl.cumsum(per_lane, axis=0) - per_lane)[:, None] + in_lane
+    tl.store(cand_ptr + row * TOPK + slot_of, points.to(tl.int16), mask=chosen != 0)
+    tl.debug_barrier()  # the slots were written by other lanes
+
+    # per slot (a lane each): the lattice point center + sign * p, its memory index and its weight
+    slots = tl.arange(0, TOPK_PAD)
+    slot_ok = slots < TOPK
+    cand = tl.load(cand_ptr + row * TOPK + slots, mask=slot_ok, other=0).to(tl.int32)
+    p = tl.load(points_ptr + cand[:, None] * COORDS + cols[None, :]).to(tl.float32)  # [TOPK_PAD, 8]
+    diff = tl.load(place + cols)[None, :] - p
+    u = tl.maximum(1.0 - tl.sum(diff * diff, axis=1) * 0.125, 0.0)
+    weight = tl.where(slot_ok, (u * u) * (u * u), 0.0)
+    coords = tl.load(place + COORDS + cols)[None, :] + tl.load(place + 2 * COORDS + cols)[None, :] * p
+    parity = tl.sum(tl.where(cols[None, :] == 0, coords, 0.0), axis=1)  # all coordinates share it
+    parity = parity - 2.0 * tl.floor(parity * 0.5)
+    halved = (coords - parity[:, None]) * 0.5  # exact: an even integer halved
+    # mod K/2: q lies in [-K/2, K/2] and the point within 3 of it, so halved lies in [-K/2, K)
+    half = tl.load(place + 3 * COORDS + cols)[None, :]
+    digit = halved + tl.where(halved < 0.0, half, 0.0) - tl.where(halved >= half, half, 0.0)
+    digit = tl.where(tl.load(place + 4 * COORDS + cols)[None, :] != 0.0, tl.floor(digit * 0.5), digit)
+    stride = tl.load(place_stride_ptr + row * COORDS + cols)[None, :]
+    index = parity.to(tl.int32) * half_memory + tl.sum(digit.to(tl.int32) * stride, axis=1)
+    tl.store(index_ptr + row * TOPK + slots, index, mask=slot_ok)
+    tl.store(weight_ptr + row * TOPK + slots, weight, mask=slot_ok)
+
+    if READ:  # the rows, CHUNK at a time from the slots just written: fewer registers, fused multiply-adds
+        tl.debug_barrier()
+        value_cols = tl.arange(0, M_PAD)
+        acc = tl.zeros((CHUNK, M_PAD), tl.float32)
+        for chunk in tl.range(TOPK_PAD // CHUNK, num_stages=1):  # a loop, not unrolled: registers for one chunk
+            part = chunk * CHUNK + tl.arange(0, CHUNK)
+            part_ok = part < TOPK
+            part_index = tl.load(index_ptr + row * TOPK + part, mask=part_ok, other=0).to(tl.int64)
+            part_weight = tl.load(weight_ptr + row * TOPK + part, mask=part_ok, other=0.0)
+            ok = part_ok[:, None] & (value_cols[None, :] < M)
+            rows_v = tl.load(values_ptr + part_index[:, None] * M + value_cols[None, :], mask=ok, other=0.0)
+            acc += part_weight[:, None] * rows_v.to(tl.float32)
+        phi = tl.sum(acc, axis=0)
+        tl.store(out_ptr + row * M + value_cols, (scale * phi).to(out_ptr.dtype.element_ty), mask=value_cols < M)
 
 
 @triton.jit
 def _backward_kernel(
-    q_ptr, values_ptr, grad_out_ptr, grad_q_ptr, grad_values_ptr, index_ptr, weight_ptr,
-    half_periods_ptr, strides_ptr, points_ptr, points_t_ptr,
-    n_rows, half_memory, M,
-    M_PAD: tl.constexpr, TOPK: tl.constexpr, N_POINTS: tl.constexpr, POINTS: tl.constexpr,
-    BLOCK: tl.constexpr, GRAD_Q: tl.constexpr, GRAD_VALUES_ATOMIC: tl.constexpr, WRITE_LOOKUP: tl.constexpr,
+    x_ptr, values_ptr, grad_out_ptr, grad_x_ptr, grad_values_ptr, slot_weight_ptr, along_ptr,
+    cand_ptr, index_ptr, zf_ptr, frame_ptr, scale_ptr,
+    freq_ptr, points_ptr,
+    M: tl.constexpr, M_PAD: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr,
+    FROM_Q: tl.constexpr, GRAD_X: tl.constexpr, GRAD_VALUES_ATOMIC: tl.constexpr,
 ):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    row_ok = rows < n_rows
+    row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, COORDS)
+    slots = tl.arange(0, TOPK_PAD)
+    slot_ok = slots < TOPK
     value_cols = tl.arange(0, M_PAD)
-    value_ok = row_ok[:, None] & (value_cols[None, :] < M)
-    q = tl.load(q_ptr + rows[:, None] * COORDS + cols[None, :], mask=row_ok[:, None], other=0.0)
-    grad_out = tl.load(grad_out_ptr + rows[:, None] * M + value_cols[None, :], mask=value_ok, other=0.0)
-    half_periods = tl.load(half_periods_ptr + cols)
-    strides = tl.load(strides_ptr + cols)
-
-    center, position, sign, closeness = _locate(q, cols, points_t_ptr, N_POINTS, POINTS)
-    grad_q = tl.zeros((BLOCK, COORDS), dtype=tl.float32)
-    for slot in range(TOPK):
-        closeness, u, lattice_point, index = _take_heaviest(
-            closeness, center, position, sign, points_ptr, half_periods, strides, half_memory, cols, POINTS)
-        if GRAD_Q:
-            rows_v = tl.load(values_ptr + index[:, None] * M + value_cols[None, :], mask=value_ok, other=0.0)
-            along = tl.sum(grad_out * rows_v.to(tl.float32), axis=1)
-            grad_q -= (along * u * u * u)[:, None] * (q - lattice_point)
-        weight = (u * u) * (u * u)
+    value_ok = value_cols < M
+    scale = tl.load(scale_ptr + row)
+    zf = tl.load(zf_ptr + row * COORDS + cols)
+    cand = tl.load(cand_ptr + row * TOPK + slots, mask=slot_ok, other=0).to(tl.int32)
+    p = tl.load(points_ptr + cand[:, None] * COORDS + cols[None, :]).to(tl.float32)
+    diff = zf[None, :] - p
+    u = tl.where(slot_ok, tl.maximum(1.0 - tl.sum(diff * diff, axis=1) * 0.125, 0.0), 0.0)
+    weight = (u * u) * (u * u)
+    tl.store(slot_weight_ptr + row * TOPK + slots, scale * weight, mask=slot_ok)  # the segment sums read it
+    tl.debug_barrier()
+    # the rows, CHUNK at a time: a_k = g . v_k (through memory, back to one slot per lane) and the value gradient
+    g = tl.load(grad_out_ptr + row * M + value_cols, mask=value_ok, other=0.0).to(tl.float32)
+    for chunk in tl.range(TOPK_PAD // CHUNK, num_stages=1):
+        part = chunk * CHUNK + tl.arange(0, CHUNK)
+        part_ok = part < TOPK
+        part_index = tl.load(index_ptr + row * TOPK + part, mask=part_ok, other=0).to(tl.int64)
+        ok = part_ok[:, None] & value_ok[None, :]
+        pointers = part_index[:, None] * M + value_cols[None, :]
         if GRAD_VALUES_ATOMIC:
-            tl.atomic_add(grad_values_ptr + index[:, None] * M + value_cols[None, :],
-                          weight[:, None] * grad_out, mask=value_ok)
-        if WRITE_LOOKUP:
-            tl.store(index_ptr + rows * TOPK + slot, index, mask=row_ok)
-            tl.store(weight_ptr + rows * TOPK + slot, weight, mask=row_ok)
-    if GRAD_Q:
-        tl.store(grad_q_ptr + rows[:, None] * COORDS + cols[None, :], grad_q, mask=row_ok[:, None])
+            part_weight = tl.load(slot_weight_ptr + row * TOPK + part, mask=part_ok, other=0.0)
+            tl.atomic_add(grad_values_ptr + pointers, part_weight[:, None] * g[None, :], mask=ok, sem="relaxed")
+        if GRAD_X:
+            rows_v = tl.load(values_ptr + pointers, mask=ok, other=0.0).to(tl.float32)
+            tl.store(along_ptr + row * TOPK + part, tl.sum(rows_v * g[None, :], axis=1), mask=part_ok)
+    if GRAD_X:
+        tl.debug_barrier()
+        along = tl.load(along_ptr + row * TOPK + slots, mask=slot_ok, other=0.0)
+        grad_zf = -tl.sum((scale * along * (u * u * u))[:, None] * diff, axis=0)
+        frame = tl.load(frame_ptr + row)
+        position = (frame >> (3 * cols)) & 7
+        sign = tl.where(((frame >> (24 + cols)) & 1) != 0, -1.0, 1.0)
+        grad_q = sign * tl.sum(tl.where(position[:, None] == cols[None, :], grad_zf[None, :], 0.0), axis=1)
+        if FROM_Q:
+            tl.store(grad_x_ptr + row * COORDS + cols, grad_q)
+        else:
+            grad_scale = tl.sum(weight * along, axis=0)  # dL/ds = g . phi
+            # through memory, so that the torus part runs one coordinate per lane (see the forward)
+            tl.store(grad_x_ptr + row * (2 * COORDS) + cols, grad_q)
+            tl.debug_barrier()
+            grad_q = tl.load(grad_x_ptr + row * (2 * COORDS) + cols)
+            tl.debug_barrier()
+            re = tl.load(x_ptr + row * (2 * COORDS) + cols).to(tl.float32)
+            im = tl.load(x_ptr + row * (2 * COORDS) + COORDS + cols).to(tl.float32)
+            squared = re * re + im * im
+            modulus = tl.sqrt(tl.maximum(squared, TINY))
+            at_zero = squared == 0.0
+            re_arg = tl.where(at_zero, 1.0, re)
+            # s = 1 / sum(1 / |z_i|), |z_i| = sqrt(max(re^2 + im^2, tiny)); q_i = K_i/(2 pi) atan2(im, re')
+            grad_squared = tl.where(squared >= TINY,
+                                    grad_scale * scale * scale / (2.0 * modulus * modulus * modulus), 0.0)
+            grad_angle = grad_q * tl.load(freq_ptr + cols) / (re_arg * re_arg + im * im)
+            grad_re = 2.0 * re * grad_squared - tl.where(at_zero, 0.0, grad_angle * im)
+            grad_im = 2.0 * im * grad_squared + grad_angle * re_arg
+            tl.store(grad_x_ptr + row * (2 * COORDS) + cols, grad_re)
+            tl.store(grad_x_ptr + row * (2 * COORDS) + COORDS + cols, grad_im)
 
 
 @triton.jit
 def _segment_sum_kernel(
-    grad_out_ptr, weight_ptr, order_ptr, segment_start_ptr, segment_index_ptr, grad_values_ptr, M,
-    M_PAD: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr, COMPACT: tl.constexpr,
+    sorted_index_ptr, order_ptr, slot_weight_ptr, grad_out_ptr, target_ptr, grad_values_ptr, n_entries,
+    M: tl.constexpr, M_PAD: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr, COMPACT: tl.constexpr,
 ):
-    """Sum of weight * grad_out over one memory index's run of sorted (row, slot) entries, stored at row
-    `index` of a dense gradient, or at row `segment` of a compact one (COMPACT)."""
-    segment = tl.program_id(0)
-    start = tl.load(segment_start_ptr + segment)
-    end = tl.load(segment_start_ptr + segment + 1)
-    if COMPACT:
-        target = segment.to(tl.int64)
-    else:
-        target = tl.load(segment_index_ptr + segment)
-    value_cols = tl.arange(0, M_PAD)
-    acc = tl.zeros((M_PAD,), dtype=tl.float32)
-    for first in range(start, end, BLOCK):
-        entries = first + tl.arange(0, BLOCK)
-        ok = entries < end
-        entry = tl.load(order_ptr + entries, mask=ok, other=0)
-        weight = tl.load(weight_ptr + entry, mask=ok, other=0.0)
-        grad_ok = ok[:, None] & (value_cols[None, :] < M)
-        grad = tl.load(grad_out_ptr + (entry // TOPK)[:, None] * M + value_cols[None, :], mask=grad_ok, other=0.0)
-        acc += tl.sum(weight[:, None] * grad, axis=0)
-    tl.store(grad_values_ptr + target * M + value_cols, acc, mask=value_cols < M)
+    """Sums s u^4 g over the runs of equal memory index in one chunk of the sorted (row, slot) entries, in order.
 
+    A run that starts and ends in the chunk is stored (its row has no other writer); one cut by the chunk's
+    edge is added atomically, so the dense gradient must start at zero."""
+    start = tl.program_id(0) * BLOCK
+    end = tl.minimum(start + BLOCK, n_entries)
+    value_cols = tl.arange(0, M_PAD)
+    value_ok = value_cols < M
+    run = tl.load(sorted_index_ptr + start)
+    whole = (run != tl.load(sorted_index_ptr + start - 1, mask=start > 0, other=-1)).to(tl.int32)  # began here
+    run_start = start
+    acc = tl.zeros((M_PAD,), tl.float32)
+    for e in range(start, end):
+        index = tl.load(sorted_index_ptr + e)
+        if index != run:  # the run ended at e - 1, inside the chunk
+            target = tl.load(target_ptr + run_start).to(tl.int64) if COMPACT else run.to(tl.int64)
+            tl.store(grad_values_ptr + target * M + value_cols, acc, mask=value_ok & (value_cols * 0 + whole != 0))
+            tl.atomic_add(grad_values_ptr + target * M + value_cols, acc, mask=value_ok & (value_cols * 0 + whole == 0),
+                          sem="relaxed")
+            acc = tl.zeros((M_PAD,), tl.float32)
+            run = index
+            run_start = e
+            whole = 1
+        entry = tl.load(order_ptr + e)
+        grad = tl.load(grad_out_ptr + (entry // TOPK) * M + value_cols, mask=value_ok, other=0.0).to(tl.float32)
+        acc += tl.load(slot_weight_ptr + entry) * grad
+    ends_here = run != tl.load(sorted_index_ptr + end, mask=end < n_entries, other=-1)
+    whole = whole * ends_here.to(tl.int32)
+    target = tl.load(target_ptr + run_start).to(tl.int64) if COMPACT else run.to(tl.int64)
+    tl.store(grad_values_ptr + target * M + value_cols, acc, mask=value_ok & (value_cols * 0 + whole != 0))
+    tl.atomic_add(grad_values_ptr + target * M + value_cols, acc, mask=value_ok & (value_cols * 0 + whole == 0),
+                  sem="relaxed")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Launching
+# ---------------------------------------------------------------------------------------------------
 
 _TABLES: dict = {}
 
 
 def _tables(K, device):
-    """Device tensors the kernels read: half periods, index strides, the points and their transpose (padded)."""
+    """Device tables: K/(2 pi), half periods, index strides, points transposed (fp32), |p|^2, points (int16)."""
     key = (K, str(device))
     if key not in _TABLES:
-        points = FUNDAMENTAL_POINTS.to(torch.float32)
+        points = FUNDAMENTAL_POINTS
+        n = points.shape[0]
         points_t = torch.zeros(DIM, POINTS_PAD, dtype=torch.float32)
-        points_t[:, : points.shape[0]] = points.T
-        _TABLES[key] = (
-            torch.tensor([k // 2 for k in K], dtype=torch.int32, device=device),
-            torch.tensor(index_strides(K), dtype=torch.int64, device=device),
-            points.contiguous().to(device),
-            points_t.to(device),
-        )
+        points_t[:, :n] = points.T.float()
+        norms = torch.full((POINTS_PAD,), PADDING_D2, dtype=torch.float32)
+        norms[:n] = (points**2).sum(-1).float()
+        points16 = torch.zeros(POINTS_PAD, DIM, dtype=torch.int16)
+        points16[:n] = points.to(torch.int16)
+        periods = torch.tensor(K, dtype=torch.float32)
+        _TABLES[key] = tuple(t.to(device) for t in (
+            periods / (2 * math.pi),  # as memory.torus_query computes it
+            torch.tensor([k // 2 for k in K], dtype=torch.int32),
+            torch.tensor(index_strides(K), dtype=torch.int32),
+            points_t, norms, points16))
     return _TABLES[key]
 
 
-def _check(q: torch.Tensor, K, topk: int, values: torch.Tensor | None = None):
+def _check(x: torch.Tensor, K, topk: int, width: int, values: torch.Tensor | None = None):
     K = check_torus(K)
-    if q.shape[-1] != DIM:
-        raise ValueError(f"queries must have 8 coordinates in the last dimension, got shape {tuple(q.shape)}")
+    what = "queries must have 8 coordinates" if width == DIM else "each head needs 16 inputs (re_1..re_8, im_1..im_8)"
+    if x.shape[-1] != width:
+        raise ValueError(f"{what} in the last dimension, got shape {tuple(x.shape)}")
     if not 1 <= topk <= FUNDAMENTAL_POINTS.shape[0]:
         raise ValueError(f"topk must be in [1, {FUNDAMENTAL_POINTS.shape[0]}], got {topk}")
+    if memory_size(K) >= 2**31:
+        raise ValueError(f"the torus {K} has {memory_size(K)} locations; the kernels index at most 2^31 - 1")
     if values is not None:
         if values.dim() != 2 or values.shape[0] != memory_size(K):
             raise ValueError(f"values must be [{memory_size(K)}, m] for the torus {K}, got {tuple(values.shape)}")
-        if values.device != q.device:
-            raise ValueError(f"values on {values.device} but queries on {q.device}; move them to one device")
+        if values.device != x.device:
+            raise ValueError(f"values on {values.device} but queries on {x.device}; move them to one device")
     return K
 
 
-def _launch_args(q_rows, K, M):
-    half_periods, strides, points, points_t = _tables(K, q_rows.device)
-    grid = (triton.cdiv(q_rows.shape[0], BLOCK_ROWS),)
-    pointers = (half_periods, strides, points, points_t)
-    scalars = (q_rows.shape[0], memory_size(K) // 2, M)
-    meta = dict(M_PAD=triton.next_power_of_2(max(M, 1)), N_POINTS=FUNDAMENTAL_POINTS.shape[0],
-                POINTS=POINTS_PAD, BLOCK=BLOCK_ROWS)
-    return grid, pointers, scalars, meta
+def _meta(topk, M):
+    # the value width is a compile-time constant: when it is a power of two the row loads carry no mask
+    return dict(M=M, M_PAD=triton.next_power_of_2(max(M, 1)), TOPK=topk, TOPK_PAD=triton.next_power_of_2(topk))
 
 
-class _Interpolate(torch.autograd.Function):
+def _forward(x_rows, values, K, topk, from_q, read, save, out_dtype=torch.float32):
+    """Launch the forward kernel; returns its buffers (out, cand, index, weight, zf, frame, scale)."""
+    n, device = x_rows.shape[0], x_rows.device
+    M = values.shape[1] if read else 0
+    freq, half_periods, strides, points_t, norms, points16 = _tables(K, device)
+    out = torch.empty(n, M, dtype=out_dtype, device=device)
+    cand = torch.empty(n, topk, dtype=torch.int16, device=device)
+    index = torch.empty(n, topk, dtype=torch.int32, device=device)  # saved for the backward, or scratch
+    weight = torch.empty(n, topk, dtype=torch.float32, device=device)  # the lookup's result, or scratch
+    zf = torch.empty(n, DIM, dtype=torch.float32, device=device) if save else out
+    frame = torch.empty(n, dtype=torch.int32, device=device) if save else cand
+    scale = torch.empty(n, dtype=torch.float32, device=device) if save else out
+    place = torch.empty(n, 6 * DIM, dtype=torch.float32, device=device)  # scratch: the frame, by place
+    place_stride = torch.empty(n, DIM, dtype=torch.int32, device=device)
+    if n:
+        _forward_kernel[(n,)](
+            x_rows, values if read else out, out, cand, index, weight, zf, frame, scale, place, place_stride,
+            freq, half_periods, strides, points_t, norms, points16, memory_size(K) // 2,
+            CHUNK=min(8, triton.next_power_of_2(topk)), FROM_Q=from_q, READ=read, SAVE=save,
+            num_warps=1, **_meta(topk, M), **({"maxnreg": REGISTERS} if read and not from_q else {}))
+    return out, cand, index, weight, zf, frame, scale
+
+
+class _Read(torch.autograd.Function):
+    """theta (from_q False: x holds the heads' 16 inputs) or phi (from_q True: x holds q) by the kernels."""
+
     @staticmethod
-    def forward(ctx, q, values, K, topk, value_grad, sparse):
-        q_rows = q.reshape(-1, DIM).to(torch.float32).contiguous()
+    def forward(ctx, x, values, K, topk, value_grad, sparse, from_q, out_dtype):
+        x_rows = x.reshape(-1, x.shape[-1]).contiguous()
+        if from_q:
+            x_rows = x_rows.to(torch.float32)
         values_c = values.contiguous()
-        M = values.shape[1]
-        out = torch.empty(q_rows.shape[0], M, dtype=torch.float32, device=q.device)
-        grid, pointers, scalars, meta = _launch_args(q_rows, K, M)
-        _forward_kernel[grid](q_rows, values_c, out, out, out, *pointers, *scalars,
-                              TOPK=topk, WRITE_OUTPUT=True, WRITE_LOOKUP=False, **meta)
-        ctx.save_for_backward(q_rows, values_c)
-        ctx.K, ctx.topk, ctx.value_grad, ctx.sparse = K, topk, value_grad, sparse
-        ctx.q_shape, ctx.q_dtype = q.shape, q.dtype
-        return out.view(*q.shape[:-1], M)
+        save = any(ctx.needs_input_grad[:2])
+        out, cand, index, _, zf, frame, scale = _forward(x_rows, values_c, K, topk, from_q, True, save, out_dtype)
+        ctx.save_for_backward(x_rows, values_c, cand, index, zf, frame, scale)
+        ctx.K, ctx.topk, ctx.value_grad, ctx.sparse, ctx.from_q = K, topk, value_grad, sparse, from_q
+        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
+        return out.view(*x.shape[:-1], values.shape[1])
 
     @staticmethod
     def backward(ctx, grad_out):
-        q_rows, values = ctx.saved_tensors
+        x_rows, values, cand, index, zf, frame, scale = ctx.saved_tensors
         K, topk = ctx.K, ctx.topk
-        n_rows, M = q_rows.shape[0], values.shape[1]
-        grad_rows = grad_out.reshape(n_rows, M).to(torch.float32).contiguous()
-        need_q, need_values = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        n, M = x_rows.shape[0], values.shape[1]
+        grad_rows = grad_out.reshape(n, M).contiguous()
+        need_x, need_values = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         segment = need_values and (ctx.value_grad == "segment" or ctx.sparse)
         atomic = need_values and not segment
-
-        grad_q = torch.empty_like(q_rows) if need_q else q_rows
         dense = need_values and not ctx.sparse
+        grad_x = torch.empty(x_rows.shape, dtype=torch.float32, device=x_rows.device) if need_x else scale
         grad_values = torch.zeros(values.shape, dtype=torch.float32, device=values.device) if dense else None
-        index = torch.empty(n_rows * topk, dtype=torch.int64, device=q_rows.device) if segment else q_rows
-        weight = torch.empty(n_rows * topk, dtype=torch.float32, device=q_rows.device) if segment else q_rows
-        grid, pointers, scalars, meta = _launch_args(q_rows, K, M)
-        _backward_kernel[grid](
-            q_rows, values, grad_rows, grad_q, grad_values if atomic else q_rows, index, weight,
-            *pointers, *scalars, TOPK=topk, GRAD_Q=need_q, GRAD_VALUES_ATOMIC=atomic, WRITE_LOOKUP=segment, **meta)
+        slot_weight = torch.empty(n, topk, dtype=torch.float32, device=x_rows.device)  # s u^4 per slot
+        along = torch.empty(n, topk, dtype=torch.float32, device=x_rows.device) if need_x else scale  # g . v_k
+        freq, _, _, _, _, points16 = _tables(K, x_rows.device)
+        if n and (need_x or need_values):
+            _backward_kernel[(n,)](
+                x_rows, values, grad_rows, grad_x, grad_values if atomic else scale, slot_weight, along,
+                cand, index, zf, frame, scale, freq, points16, CHUNK=min(8, triton.next_power_of_2(topk)),
+                FROM_Q=ctx.from_q, GRAD_X=need_x, GRAD_VALUES_ATOMIC=atomic, num_warps=1, maxnreg=REGISTERS,
+                **_meta(topk, M))
         if segment:
-            rows_read, sums = _segment_sum(grad_rows, index, weight, grad_values, topk)
+            grad_values = _segment_sum(grad_rows, index, slot_weight, grad_values, topk, values.shape)
             if ctx.sparse:
-                grad_values = torch.sparse_coo_tensor(rows_read[None], sums.to(values.dtype), values.shape,
+                rows_read, sums = grad_values
+                grad_values = torch.sparse_coo_tensor(rows_read[None].long(), sums.to(values.dtype), values.shape,
                                                       is_coalesced=True, check_invariants=False)
-        grad_q = grad_q.view(ctx.q_shape).to(ctx.q_dtype) if need_q else None
         if dense:
             grad_values = grad_values.to(values.dtype)
-        return grad_q, grad_values, None, None, None, None
+        grad_x = grad_x.view(ctx.x_shape).to(ctx.x_dtype) if need_x else None
+        return grad_x, grad_values, None, None, None, None, None, None
 
 
-def _segment_sum(grad_rows, index, weight, grad_values, topk):
-    """Value gradient without atomics: sort (row, slot) entries by index, one program sums each index's run.
-
-    Sums into the rows of grad_values [N, M]; with grad_values None into a new compact fp32 table [U, M].
-    Returns (the U unique memory indices read, in rising order; the table written).
-    """
-    sorted_index, order = torch.sort(index, stable=True)
-    segment_index, counts = torch.unique_consecutive(sorted_index, return_counts=True)
-    segment_start = torch.zeros(counts.shape[0] + 1, dtype=torch.int64, device=index.device)
-    segment_start[1:] = counts.cumsum(0)
-    M = grad_rows.shape[1]
+def _segment_sum(grad_rows, index, slot_weight, grad_values, topk, shape):
+    """Value gradient without per-entry atomics: sort the (row, slot) entries by their int32 memory index, then
+    each program sums the runs of one chunk. Into grad_values [N, M] (zeros); with grad_values None into a
+    compact table: returns (the U memory indices read, rising; their [U, M] sums)."""
+    sorted_index, order = torch.sort(index.reshape(-1))
+    n_entries, M = sorted_index.shape[0], shape[1]
     compact = grad_values is None
+    target = sorted_index
     if compact:
-        grad_values = torch.empty(segment_index.shape[0], M, dtype=torch.float32, device=index.device)
-    _segment_sum_kernel[(segment_index.shape[0],)](
-        grad_rows, weight, order, segment_start, segment_index, grad_values, M,
-        M_PAD=triton.next_power_of_2(max(M, 1)), TOPK=topk, BLOCK=SEGMENT_BLOCK, COMPACT=compact)
-    return segment_index, grad_values
+        starts = torch.ones_like(sorted_index, dtype=torch.bool)
+        starts[1:] = sorted_index[1:] != sorted_index[:-1]
+        target = (torch.cumsum(starts, 0, dtype=torch.int32) - 1)
+        rows_read = sorted_index[starts]  # the one host synchronisation: the sparse tensor's size
+        grad_values = torch.zeros(rows_read.shape[0], M, dtype=torch.float32, device=index.device)
+    if n_entries:
+        _segment_sum_kernel[(triton.cdiv(n_entries, SEGMENT_BLOCK),)](
+            sorted_index, order, slot_weight, grad_rows, target, grad_values, n_entries,
+            M=M, M_PAD=triton.next_power_of_2(max(M, 1)), TOPK=topk, BLOCK=SEGMENT_BLOCK, COMPACT=compact,
+            num_warps=1)
+    return (rows_read, grad_values) if compact else grad_values
+
+
+def _check_value_grad(value_grad):
+    if value_grad not in VALUE_GRAD_METHODS:
+        raise ValueError(f"value_grad must be one of {VALUE_GRAD_METHODS}, got {value_grad!r}")
+
+
+@torch.compiler.disable
+def theta_triton(z: torch.Tensor, values: torch.Tensor, K, topk: int = DEFAULT_TOPK, value_grad: str = "atomic",
+                 sparse: bool = False, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """memory.theta for heads z [..., 16] (fp32, bf16 or fp16) from values [N, m] (fp32 or bf16), in one kernel.
+
+    Returns [..., m] in out_dtype: by default the autocast dtype where autocast is on, else float32.
+    value_grad and sparse: see interpolate_triton.
+    """
+    K = _check(z, K, topk, HEAD_INPUTS, values)
+    _check_value_grad(value_grad)
+    if out_dtype is None:
+        device_type = z.device.type
+        out_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else torch.float32
+    return _Read.apply(z, values, K, topk, value_grad, sparse, False, out_dtype)
 
 
 @torch.compiler.disable
@@ -312,25 +537,85 @@ def interpolate_triton(q: torch.Tensor, values: torch.Tensor, K, topk: int = DEF
                        value_grad: str = "atomic", sparse: bool = False) -> torch.Tensor:
     """phi(q) for queries q [..., 8] from values [N, m] (fp32 or bf16); fp32 [..., m], differentiable in both.
 
-    value_grad picks how a dense value gradient is accumulated: "atomic" (atomic adds) or "segment"
-    (sort by memory index, then one sum per index, no atomics). sparse=True makes the value gradient a
-    coalesced sparse COO tensor of the rows read (always by the segment sums), as nn.Embedding(sparse=True).
+    value_grad picks how a dense value gradient is accumulated: "atomic" (relaxed atomic adds) or "segment"
+    (sort by memory index, then sums of runs). sparse=True makes the value gradient a coalesced sparse COO
+    tensor of the rows read (always by the segment sums), as nn.Embedding(sparse=True).
     """
-    K = _check(q, K, topk, values)
-    if value_grad not in VALUE_GRAD_METHODS:
-        raise ValueError(f"value_grad must be one of {VALUE_GRAD_METHODS}, got {value_grad!r}")
-    return _Interpolate.apply(q, values, K, topk, value_grad, sparse)
+    K = _check(q, K, topk, DIM, values)
+    _check_value_grad(value_grad)
+    return _Read.apply(q, values, K, topk, value_grad, sparse, True, torch.float32)
 
 
 @torch.compiler.disable
 @torch.no_grad()
 def lookup_triton(q: torch.Tensor, K, topk: int = DEFAULT_TOPK):
     """lattice.lookup by the kernel: (index int64 [..., topk], weight fp32 [..., topk]), falling weight."""
-    K = _check(q, K, topk)
+    K = _check(q, K, topk, DIM)
     q_rows = q.reshape(-1, DIM).to(torch.float32).contiguous()
-    index = torch.empty(q_rows.shape[0], topk, dtype=torch.int64, device=q.device)
-    weight = torch.empty(q_rows.shape[0], topk, dtype=torch.float32, device=q.device)
-    grid, pointers, scalars, meta = _launch_args(q_rows, K, 0)
-    _forward_kernel[grid](q_rows, q_rows, q_rows, index, weight, *pointers, *scalars,
-                          TOPK=topk, WRITE_OUTPUT=False, WRITE_LOOKUP=True, **meta)
+    _, _, index, weight, _, _, _ = _forward(q_rows, q_rows, K, topk, True, False, False)
+    # slots come in point order, so a stable sort by falling weight orders equal weights as the reference
+    weight, order = torch.sort(weight, dim=-1, descending=True, stable=True)
+    index = index.long().gather(-1, order)
     return index.view(*q.shape[:-1], topk), weight.view(*q.shape[:-1], topk)
+
+
+# ---------------------------------------------------------------------------------------------------
+# What scripts/kernel_cost.py needs: the selection's trip count, lookups per program, bytes per lookup
+# ---------------------------------------------------------------------------------------------------
+
+def threshold_probes(q: torch.Tensor, topk: int = DEFAULT_TOPK):
+    """The forward's threshold search in torch, for queries q [n, 8]: how many counts the kernel's loop makes,
+    and whether it ended on an exact tie (then the tie loop makes 8 more)."""
+    from projects.lram_gpt.lattice import to_fundamental
+
+    zf = to_fundamental(q.float())[0]
+    points = FUNDAMENTAL_POINTS.float()
+    d2 = (points**2).sum(-1) + ((zf * zf).sum(-1, keepdim=True) - 2 * zf @ points.T)
+    n = q.shape[0]
+    lo, hi = torch.zeros(n), torch.full((n,), PROBE_CEILING.value)
+    count_lo, count_hi = torch.zeros(n), torch.full((n,), float(POINTS_PAD))
+    t = torch.full((n,), FIRST_PROBE.value)
+    probes = torch.zeros(n, dtype=torch.long)
+    active = torch.ones(n, dtype=torch.bool)
+    tie = torch.zeros(n, dtype=torch.bool)
+    while active.any():
+        count = (d2 < t[:, None]).sum(-1).float()
+        probes += active
+        below, above = active & (count < topk), active & (count > topk)
+        lo, count_lo = torch.where(below, t, lo), torch.where(below, count, count_lo)
+        hi, count_hi = torch.where(above, t, hi), torch.where(above, count, count_hi)
+        share = ((topk + 0.5 - count_lo) / (count_hi - count_lo)).clamp(0.05, 0.95)
+        guess = (lo**4 + share * (hi**4 - lo**4)).sqrt().sqrt()
+        middle = 0.5 * (lo + hi)
+        guess = torch.where((probes % 3 == 0) | (guess <= lo) | (guess >= hi), middle, guess)
+        stalled = active & (count != topk) & ((guess <= lo) | (guess >= hi))
+        tie |= stalled
+        active = active & (count != topk) & ~stalled
+        t = torch.where(active, guess, t)
+    return probes, tie
+
+
+def cost_spec(kernel, constants, signature, spec):
+    """For scripts/kernel_cost.py: lookups per program, loop trip counts and bytes per lookup of a launch."""
+    value_bytes = {"*bf16": 2, "*fp16": 2}.get(signature.get("values_ptr"), 4)
+    topk, m = constants.get("TOPK", 0), constants.get("M_PAD", 0)
+    if kernel == "_forward_kernel":
+        # the threshold search's mean trip count over uniform random queries (seeded)
+        generator = torch.Generator().manual_seed(0)
+        q = (torch.rand(4096, DIM, generator=generator) * 2 - 1) * 16
+        probes, tie = threshold_probes(q, topk)
+        probes, tie_trips = probes.float().mean().item(), 8 * tie.float().mean().item()
+        read = topk * m * value_bytes if constants["READ"] else 0
+        moved = read + 16 * 4 + m * 2 + topk * (2 + 4 * constants["SAVE"]) + 40 * constants["SAVE"]
+        trips = [probes, tie_trips] + [triton.next_power_of_2(topk) // constants["CHUNK"]] * constants["READ"]
+        return spec(1, trips, moved, f"loops: mean {probes:.2f} probes, {tie_trips:.3f} tie steps "
+                                                   f"over 4096 random queries")
+    if kernel == "_backward_kernel":
+        moved = topk * m * value_bytes * constants["GRAD_X"] + topk * m * 4 * constants["GRAD_VALUES_ATOMIC"]
+        moved += 16 * 8 + m * 2 + topk * 6 + 40 + topk * 4 * (1 + constants["GRAD_X"])
+        return spec(1, [triton.next_power_of_2(topk) // constants["CHUNK"]], moved)
+    if kernel == "_segment_sum_kernel":  # per lookup: its TOPK entries; a row's gradient is written about once
+        per_entry = m * 4 + 4 + 8 + 4 + 4 * constants["COMPACT"]
+        return spec(constants["BLOCK"] / topk, [constants["BLOCK"]], topk * per_entry + topk * m * 4,
+                    "entries summed in order, one loop trip each")
+    return None

@@ -16,6 +16,9 @@ from projects.lram_gpt.lattice import DEFAULT_TOPK, DIM, check_torus
 
 HEAD_INPUTS = 2 * DIM  # 16 reals per head: 8 real parts, then 8 imaginary parts
 QUERY_NORMS = ("layer", "batch", "none")
+# The value table's dtype: bf16 halves the bytes a lookup reads (both paths sum in fp32; the optimiser then
+# updates bf16 values, so small steps round away: an option to measure, not the default).
+VALUE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def torus_query(z: torch.Tensor, K):
@@ -39,18 +42,21 @@ def torus_query(z: torch.Tensor, K):
 
 def theta(z: torch.Tensor, values: torch.Tensor, K, topk: int = DEFAULT_TOPK, use_triton: bool | None = None,
           value_grad: str = "atomic", sparse_values: bool = False) -> torch.Tensor:
-    """theta for heads z [..., 16] reading values [N, m] on the torus K: [..., m] in float32 (float64 for float64 z).
+    """theta for heads z [..., 16] reading values [N, m] on the torus K: [..., m] in float32 (float64 for float64 z;
+    on the Triton path the autocast dtype where autocast is on).
 
     use_triton: None picks the Triton kernel exactly when the values are on CUDA; True forces it (on CPU it
-    runs under TRITON_INTERPRET=1); False forces the PyTorch reference. value_grad: see interpolate_triton.
+    runs under TRITON_INTERPRET=1; float64 z always takes the reference); False forces the PyTorch reference.
+    value_grad: see lookup_triton.interpolate_triton.
     sparse_values: the value gradient is a coalesced sparse COO tensor of the rows read, on either path.
     """
-    scale, q = torus_query(z, K)
-    if _triton_path(values, use_triton):
-        from projects.lram_gpt.lookup_triton import interpolate_triton  # the reference path needs no Triton
+    if _triton_path(values, use_triton) and z.dtype != torch.float64:
+        from projects.lram_gpt.lookup_triton import theta_triton  # the reference path needs no Triton
 
-        phi = interpolate_triton(q, values, K, topk, value_grad, sparse_values)
-    elif sparse_values:
+        # one kernel: torus query, lookup, harmonic scale, and the output in the autocast dtype where it is on
+        return theta_triton(z, values, K, topk, value_grad, sparse_values)
+    scale, q = torus_query(z, K)
+    if sparse_values:
         phi = interpolate_sparse_grad(q, values, K, topk)
     else:
         phi = lattice.interpolate(q, values, K, topk)
@@ -106,6 +112,8 @@ class LRAMBlock(nn.Module):
     and the block stays causal; "batch" is the paper's batch norm (statistics over the batch and time, so
     later tokens change earlier outputs in a causal LM); "none" skips it.
 
+    value_dtype: torch.float32 (default) or torch.bfloat16 for the value table (VALUE_DTYPES).
+
     sparse_values: the gradient of `values` is a coalesced sparse COO tensor holding only the rows read
     (as nn.Embedding(sparse=True)), for a lazy optimiser such as torch.optim.SparseAdam. On the Triton
     path it is always gathered by the segment sums, whatever value_grad says.
@@ -113,7 +121,7 @@ class LRAMBlock(nn.Module):
 
     def __init__(self, d_model: int, memory_size: int | None = None, K=None, value_dim: int = 64,
                  topk: int = DEFAULT_TOPK, query_norm: str = "layer", use_triton: bool | None = None,
-                 value_grad: str = "atomic", sparse_values: bool = False):
+                 value_grad: str = "atomic", sparse_values: bool = False, value_dtype: torch.dtype = torch.float32):
         super().__init__()
         if d_model % HEAD_INPUTS:
             raise ValueError(f"d_model must be a multiple of 16 (16 inputs per head), got {d_model}")
@@ -127,7 +135,9 @@ class LRAMBlock(nn.Module):
         self.query = nn.Linear(d_model, d_model)
         self.query_norm = {"layer": nn.LayerNorm(d_model), "batch": nn.BatchNorm1d(d_model),
                            "none": nn.Identity()}[query_norm]
-        self.values = nn.Parameter(torch.empty(self.memory_size, value_dim))
+        if value_dtype not in VALUE_DTYPES.values():
+            raise ValueError(f"value_dtype must be one of {list(VALUE_DTYPES)}, got {value_dtype}")
+        self.values = nn.Parameter(torch.empty(self.memory_size, value_dim, dtype=value_dtype))
         self.out = nn.Linear(self.n_heads * value_dim, d_model)
         self.reset_values()
 
@@ -155,7 +165,9 @@ class LRAMBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         read = theta(self.heads(x), self.values, self.K, self.topk, self.use_triton, self.value_grad,
                      self.sparse_values)
-        return self.out(read.flatten(-2).to(x.dtype))
+        read = read.flatten(-2)
+        # the kernel already wrote the autocast dtype (bf16, fp16), which the output layer takes as it is
+        return self.out(read if read.dtype in (torch.bfloat16, torch.float16) else read.to(x.dtype))
 
     @torch.no_grad()
     def read_locations(self, x: torch.Tensor):

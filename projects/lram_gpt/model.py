@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from projects.lram_gpt.configs import ModelConfig
 from projects.lram_gpt.lattice import DIM, FUNDAMENTAL_POINTS
-from projects.lram_gpt.memory import LRAMBlock, MemoryAccessStats
+from projects.lram_gpt.memory import VALUE_DTYPES, LRAMBlock, MemoryAccessStats
 
 TORUS_QUERY_FLOPS = DIM * 7 + DIM
 
@@ -36,10 +36,15 @@ def theta_flops(tokens: int, heads: int, topk: int, value_dim: int) -> int:
     return tokens * heads * per_head
 
 
+ATTENTION = ("math", "sdpa")
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_heads, self.d_head = cfg.n_heads, cfg.d_head
+        if cfg.attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, not {cfg.attention!r}")
+        self.n_heads, self.d_head, self.impl = cfg.n_heads, cfg.d_head, cfg.attention
         inner = cfg.n_heads * cfg.d_head
         self.qkv = nn.Linear(cfg.d_model, 3 * inner)
         self.proj = nn.Linear(inner, cfg.d_model)
@@ -47,7 +52,12 @@ class Attention(nn.Module):
     def forward(self, x):
         B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.impl == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # as the official code: under autocast the softmax runs in fp32, the products in half precision
+            scores = torch.einsum("bhid,bhjd->bhij", q, k) * self.d_head ** -0.5
+            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            y = torch.einsum("bhij,bhjd->bhid", F.softmax(scores.masked_fill(future, float("-inf")), dim=-1), v)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -84,9 +94,11 @@ def memory_layer_index(cfg: ModelConfig) -> int:
 
 
 def lram_block(cfg: ModelConfig) -> LRAMBlock:
+    if cfg.memory_value_dtype not in VALUE_DTYPES:
+        raise ValueError(f"memory_value_dtype must be one of {list(VALUE_DTYPES)}, got {cfg.memory_value_dtype!r}")
     return LRAMBlock(cfg.d_model, memory_size=cfg.memory_size, value_dim=cfg.memory_value_dim, topk=cfg.memory_topk,
                      query_norm=cfg.memory_query_norm, value_grad=cfg.memory_value_grad,
-                     sparse_values=cfg.sparse_values)
+                     sparse_values=cfg.sparse_values, value_dtype=VALUE_DTYPES[cfg.memory_value_dtype])
 
 
 class Model(nn.Module):

@@ -18,6 +18,9 @@ class ModelConfig:
     n_heads: int = 12
     d_head: int = 64  # attention width is n_heads * d_head, which differs from d_model for mini
     mlp_ratio: int = 4
+    # math: an explicit masked softmax, as the official Languini code (whose use_flash is off: the paper saw
+    # gradient spikes with flash attention on its RTX 3090); sdpa: F.scaled_dot_product_attention (flash kernels)
+    attention: str = "math"
     # Index (from 0) of the block whose MLP the memory replaces; None: (2 * n_layers - 1) // 3, the last
     # block of the first two thirds, which is the LRAM paper's 4th of 6 layers.
     memory_layer: int | None = None

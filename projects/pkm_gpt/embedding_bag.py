@@ -85,7 +85,8 @@ def _forward_kernel(out_ptr, values_ptr, indices_ptr, weights_ptr, v_dim, bag_si
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_DIM + tl.arange(0, BLOCK_DIM)
     col_mask = cols < v_dim
-    acc = tl.zeros([BLOCK_DIM], dtype=tl.float32)
+    # A 2-D accumulator: multiply-adds in the loop, one reduction over the bag (across warps) after it.
+    acc = tl.zeros([BLOCK_BAG, BLOCK_DIM], dtype=tl.float32)
     for start in range(0, bag_size, BLOCK_BAG):
         slots = start + tl.arange(0, BLOCK_BAG)
         slot_mask = slots < bag_size
@@ -93,8 +94,8 @@ def _forward_kernel(out_ptr, values_ptr, indices_ptr, weights_ptr, v_dim, bag_si
         w = tl.load(weights_ptr + row * bag_size + slots, mask=slot_mask, other=0.0).to(tl.float32)
         vals = tl.load(values_ptr + idx[:, None] * v_dim + cols[None, :],
                        mask=slot_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
-        acc += tl.sum(w[:, None] * vals, axis=0)
-    tl.store(out_ptr + row * v_dim + cols, acc, mask=col_mask)
+        acc += w[:, None] * vals
+    tl.store(out_ptr + row * v_dim + cols, tl.sum(acc, axis=0), mask=col_mask)
 
 
 @triton.jit

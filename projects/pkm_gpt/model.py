@@ -15,10 +15,15 @@ from projects.pkm_gpt.configs import ModelConfig
 from projects.pkm_gpt.pkm import MemoryUsage, ProductKeyMemory, pkm_flops
 
 
+ATTENTION = ("math", "sdpa")
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_heads, self.d_head = cfg.n_heads, cfg.d_head
+        if cfg.attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, not {cfg.attention!r}")
+        self.n_heads, self.d_head, self.impl = cfg.n_heads, cfg.d_head, cfg.attention
         inner = cfg.n_heads * cfg.d_head
         self.qkv = nn.Linear(cfg.d_model, 3 * inner)
         self.proj = nn.Linear(inner, cfg.d_model)
@@ -26,7 +31,12 @@ class Attention(nn.Module):
     def forward(self, x):
         B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.impl == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # as the official code: under autocast the softmax runs in fp32, the products in half precision
+            scores = torch.einsum("bhid,bhjd->bhij", q, k) * self.d_head ** -0.5
+            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            y = torch.einsum("bhij,bhjd->bhid", F.softmax(scores.masked_fill(future, float("-inf")), dim=-1), v)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 
 

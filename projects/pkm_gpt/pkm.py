@@ -61,9 +61,9 @@ def product_key_topk(queries, sub_keys, knn):
     scores1, scores2 = best_half_scores.unbind(dim=2)
     indices1, indices2 = best_half_indices.unbind(dim=2)
     candidate_scores = (scores1.unsqueeze(-1) + scores2.unsqueeze(-2)).flatten(-2)  # [R, heads, knn*knn]
-    candidate_indices = (indices1.unsqueeze(-1) * n_keys + indices2.unsqueeze(-2)).flatten(-2)
     scores, best = candidate_scores.topk(knn, dim=-1)
-    return scores, candidate_indices.gather(-1, best)
+    # the memory indices of the knn winners only, not of all knn*knn candidates (int64 each)
+    return scores, indices1.gather(-1, best // knn) * n_keys + indices2.gather(-1, best % knn)
 
 
 class ProductKeyMemory(nn.Module):

@@ -1,12 +1,13 @@
 """The loader: official layout, stream distribution, batches, 1-GPU-vs-N-GPU equivalence, eval coverage, bad data."""
 import hashlib
 import json
+import warnings
 
 import numpy as np
 import pytest
 
-from languini.books import (END_OF_DOC, BooksDataset, DataError, TrainBatches, distribute, eval_batches,
-                            sliding_windows)
+from languini.books import (END_OF_DOC, BooksDataset, DataError, ListLengthWarning, TrainBatches, distribute,
+                            eval_batches, sliding_windows, window_plan)
 
 VOCAB = 16384
 
@@ -39,7 +40,7 @@ def official(tmp_path):
 
 def test_official_layout_is_read_unchanged(official):
     assert sorted(official.splits) == ["langlearn", "stats", "test", "train"]
-    assert [b.length for b in official.books("train")] == [7, 3, 5, 4]
+    assert [b.list_length for b in official.books("train")] == [7, 3, 5, 4]
     assert [b.path.name for b in official.books("test")] == ["test0.npy", "test1.npy"]
 
 
@@ -47,7 +48,7 @@ def test_official_layout_is_read_unchanged(official):
 def test_lists_beside_files_and_bare_names(tmp_path, lists_in_root, with_files_prefix):
     write_official(tmp_path, {"train": [book(1, 4)], "test": [book(9, 2)]}, lists_in_root, with_files_prefix)
     ds = BooksDataset(tmp_path, VOCAB)
-    assert [b.length for b in ds.books("train")] == [4]
+    assert [b.list_length for b in ds.books("train")] == [4]
 
 
 def test_fingerprint_names_the_books_and_their_lengths(tmp_path):
@@ -119,27 +120,109 @@ def test_eval_drops_empty_streams_and_caps_batches(official):
     assert len(got) == 1 and got[0][0].shape == (1, 2)
 
 
-@pytest.mark.parametrize("seq_len,stride", [(8, 2), (8, 8), (5, 3), (64, 16)])
-def test_slow_eval_windows_score_each_target_once_with_long_context(official, seq_len, stride):
-    books = official.books("train")
-    stream = np.concatenate([np.r_[book(100, 7), END_OF_DOC], np.r_[book(200, 3), END_OF_DOC],
-                             np.r_[book(300, 5), END_OF_DOC], np.r_[book(400, 4), END_OF_DOC]])
-    scored = []
-    windows = list(sliding_windows(books, VOCAB, seq_len, stride, batch_size=3))
-    for x, y, mask in windows:
-        for row_x, row_y, row_m in zip(x.numpy(), y.numpy(), mask.numpy()):
-            scored.extend(row_y[row_m])
-            positions = np.flatnonzero(row_m)
-            if len(scored) > len(positions) and seq_len <= len(stream) - 1:  # not the first window
-                assert positions.min() >= seq_len - stride  # at least seq_len - stride tokens of context
-    np.testing.assert_array_equal(scored, stream[1:])
+TRAIN_STREAM = np.concatenate([np.r_[book(100, 7), END_OF_DOC], np.r_[book(200, 3), END_OF_DOC],
+                               np.r_[book(300, 5), END_OF_DOC], np.r_[book(400, 4), END_OF_DOC]])  # 23 tokens
+
+
+def scored_targets(windows, seq_len):
+    """Targets scored, in order, and the context (tokens seen) of each."""
+    targets, contexts = [], []
+    for _, y, mask in windows:
+        for row_y, row_m in zip(y.numpy(), mask.numpy()):
+            targets.extend(row_y[row_m])
+            contexts.extend(np.flatnonzero(row_m) + 1)
+    return np.array(targets), np.array(contexts)
+
+
+@pytest.mark.parametrize("seq_len,last_n", [(8, 2), (8, 8), (5, 3), (64, 16)])
+def test_every_target_protocol_scores_each_target_once_with_long_context(official, seq_len, last_n):
+    windows = sliding_windows(official.books("train"), VOCAB, seq_len, last_n, batch_size=3, protocol="every_target")
+    targets, contexts = scored_targets(windows, seq_len)
+    np.testing.assert_array_equal(targets, TRAIN_STREAM[1:])
+    if seq_len < len(TRAIN_STREAM) - 1:  # after the first window, at least seq_len - last_n tokens of context
+        assert (contexts[seq_len:] > seq_len - last_n).all()
+
+
+@pytest.mark.parametrize("seq_len,last_n", [(8, 2), (8, 8), (5, 3), (12, 4), (64, 16)])
+def test_last_n_protocol_scores_only_the_last_n_of_every_window(official, seq_len, last_n):
+    # The official eval.py: window k reads tokens [k * last_n, k * last_n + seq_len] and scores its last last_n
+    # targets, the first window too; the last window is cut short by the end of the stream.
+    windows = sliding_windows(official.books("train"), VOCAB, seq_len, last_n, batch_size=3, protocol="last_n")
+    targets, contexts = scored_targets(windows, seq_len)
+    np.testing.assert_array_equal(targets, TRAIN_STREAM[seq_len - last_n + 1:])  # the first targets: never
+    assert (contexts > seq_len - last_n).all()
+
+
+def test_last_n_window_plan_by_hand():
+    # 23 tokens (targets 1..22), windows of 8 scoring their last 2: targets 7..8, 9..10, ..., 21..22.
+    assert window_plan(23, 8, 2, "last_n") == [(s, s + 7, s + 8) for s in range(0, 15, 2)]
+    # Windows of 12 moved by 4: targets 9..12, 13..16, 17..20, then 21..22 in a window cut short at token 22.
+    assert window_plan(23, 12, 4, "last_n") == [(0, 9, 12), (4, 13, 16), (8, 17, 20), (12, 21, 22)]
+    assert window_plan(8, 8, 2, "last_n") == [(0, 7, 7)]  # targets 1..7: only 7 is among a window's last 2
+    assert window_plan(7, 8, 2, "last_n") == []  # targets 1..6: all in the first window's unscored part
+    assert window_plan(23, 12, 4, "every_target") == [(0, 1, 12), (4, 13, 16), (8, 17, 20), (10, 21, 22)]
 
 
 def test_sharded_slow_eval_covers_the_same_windows(official):
     books = official.books("train")
-    whole = sum(int(m.sum()) for _, _, m in sliding_windows(books, VOCAB, 4, 2, 8))
-    parts = sum(int(m.sum()) for r in range(3) for _, _, m in sliding_windows(books, VOCAB, 4, 2, 8, r, 3))
-    assert whole == parts == 22
+    for protocol, scored in (("every_target", 22), ("last_n", 22 - 2)):
+        whole = sum(int(m.sum()) for _, _, m in sliding_windows(books, VOCAB, 4, 2, 8, protocol=protocol))
+        parts = sum(int(m.sum()) for r in range(3)
+                    for _, _, m in sliding_windows(books, VOCAB, 4, 2, 8, r, 3, protocol=protocol))
+        assert whole == parts == scored
+
+
+# -- the official release, as its download script leaves it -------------------------------------------------
+OFFICIAL_LISTS = ["file_list_train.npy", "file_list_test_iid.npy", "file_list_test_java.npy",
+                  "file_list_test_langlearn.npy", "file_list_test_statistics.npy",
+                  "file_list_test_woodworking.npy", "file_list_test_discworld.npy"]
+
+
+@pytest.fixture
+def official_download(tmp_path):
+    """data/books/file_list_*.npy (one set for every vocabulary) beside data/books/books_16384/files/*.npy.
+
+    Rows are (files/<book>.npy, length): the official loader joins the path to books_16384/. The lengths are
+    not this vocabulary's token counts, as in the official release.
+    """
+    books_dir = tmp_path / "data" / "books"
+    (books_dir / f"books_{VOCAB}" / "files").mkdir(parents=True)
+    tokens = {}
+    for i, name in enumerate(OFFICIAL_LISTS):
+        rows = []
+        counts, listed = ([5, 2, 4, 3], [2, 5, 4, 3]) if name == "file_list_train.npy" else ([3, 6], [4, 8])
+        for j, (n, n_listed) in enumerate(zip(counts, listed)):
+            title = f"Book {i}-{j} (A Novel).epub"
+            tokens[title] = book(1000 * i + 100 * j, n)
+            np.save(books_dir / f"books_{VOCAB}" / "files" / f"{title}.npy", tokens[title].astype(np.uint16))
+            rows.append((f"files/{title}.npy", str(n_listed)))
+        np.save(books_dir / name, np.array(rows))
+    return books_dir, tokens
+
+
+def test_official_download_loads_with_list_lengths_only_for_balancing(official_download):
+    books_dir, tokens = official_download
+    ds = BooksDataset(books_dir, VOCAB)
+    assert sorted(ds.splits) == ["discworld", "java", "langlearn", "stats", "test", "train", "wood"]
+    train = ds.books("train")
+    assert [b.list_length for b in train] == [2, 5, 4, 3]
+    # Greedy by the listed lengths: 2 -> s0, 5 -> s1, 4 -> s0 (2 < 5), 3 -> s1 (5 < 6). By the files' token
+    # counts (5, 2, 4, 3) it would be s0 = books 0, 3 and s1 = books 1, 2: the lists decide, as officially.
+    with pytest.warns(ListLengthWarning, match="read to its end") as caught:
+        batches = TrainBatches(train, VOCAB, global_batch_size=2, seq_len=4)
+        x, y = batches(0)
+        x, y = batches(3)  # every book read to the end of its file: cycles of 5 + 4 + 2 and 2 + 3 + 2 tokens
+    assert len([w for w in caught if w.category is ListLengthWarning]) == 1  # once, not once per book
+    t = [tokens[f"Book 0-{j} (A Novel).epub"] for j in range(4)]
+    s0 = np.concatenate([t[0], [END_OF_DOC], t[2], [END_OF_DOC]] * 3)
+    s1 = np.concatenate([t[1], [END_OF_DOC], t[3], [END_OF_DOC]] * 3)
+    np.testing.assert_array_equal(x[0].numpy(), np.stack([s0[12:16], s1[12:16]]))
+    np.testing.assert_array_equal(y[0].numpy(), np.stack([s0[13:17], s1[13:17]]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ListLengthWarning)
+        (_, y, mask), = eval_batches(ds.books("test"), VOCAB, batch_size=1, seq_len=16)
+    np.testing.assert_array_equal(y[0][mask[0]].numpy(), np.r_[tokens["Book 1-0 (A Novel).epub"][1:], END_OF_DOC,
+                                                               tokens["Book 1-1 (A Novel).epub"], END_OF_DOC])
 
 
 # -- bad data ------------------------------------------------------------------------------------------------
@@ -172,10 +255,11 @@ def test_missing_book(official):
         BooksDataset(official.data_root, VOCAB).books("train")
 
 
-def test_truncated_book(official):
-    np.save(official.dir / "files" / "train0.npy", book(100, 3).astype(np.uint16))
+def test_truncated_book_file(official):
+    path = official.dir / "files" / "train0.npy"
+    path.write_bytes(path.read_bytes()[:-4])  # the header promises 7 tokens, the file holds 5
     batches = TrainBatches(BooksDataset(official.data_root, VOCAB).books("train"), VOCAB, 1, 4)
-    with pytest.raises(DataError, match="corrupt"):
+    with pytest.raises(DataError, match="Cannot read.*train0.npy"):
         batches(0)
 
 

@@ -1,12 +1,17 @@
 """prepare_books: exact round trip, byte counts, the official layout, and bad input leaving nothing behind."""
 import gzip
+import hashlib
+import importlib.util
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from languini import default_corpus, tokenizer
-from languini.books import BooksDataset, DataError
+from languini.books import OFFICIAL_LISTING_SHA256, BooksDataset, DataError, listing_digest
 from languini.prepare import prepare_books
+
+REPO = Path(__file__).resolve().parents[2]
 
 ODD_TEXT = "Ça va?  Tabs\there,\n\n\n  leading spaces, ünïcödé — “quotes” and 数字 12345.\r\nEnd"
 
@@ -50,7 +55,8 @@ def test_layout_lists_and_manifest(books_folder, prepared):
     assert (ds.dir / "file_list_test_iid.npy").exists()  # the official name of the test split
     rows = [line.split("\t") for line in (ds.dir / "manifest.tsv").read_text().splitlines()[1:]]
     by_name = {r[1]: (int(r[3]), int(r[4])) for r in rows}
-    assert by_name["odd"] == (len(ODD_TEXT.encode()), [b for b in ds.books("test") if b.path.stem == "odd"][0].length)
+    odd = [b for b in ds.books("test") if b.path.stem == "odd"][0]
+    assert by_name["odd"] == (len(ODD_TEXT.encode()), odd.list_length)
     assert sum(len(ds.books(s)) for s in ds.splits) == len(rows)
 
 
@@ -95,3 +101,27 @@ def test_default_corpus_is_deterministic(tmp_path):
     assert text.count("CHAPTER") >= 8  # book-like structure
     refrain = text.split("\n\n")[3]
     assert text.count(refrain) >= 16  # long-range repetition: the refrain opens and closes every chapter
+
+
+def test_integrity_hash_follows_the_official_recipe(tmp_path, capsys):
+    # One line "<size>\t<name>\n" per file below the folder, sorted by name, then size, whatever its sub-folder.
+    folder = tmp_path / "books_16384"
+    (folder / "files" / "more").mkdir(parents=True)
+    (folder / "files" / "b.npy").write_bytes(b"abc")
+    (folder / "files" / "a.npy").write_bytes(b"0123456789")
+    (folder / "files" / "more" / "a.npy").write_bytes(b"01234")
+    expected = hashlib.sha256(b"5\ta.npy\n10\ta.npy\n3\tb.npy\n").hexdigest()
+    assert listing_digest(folder) == expected
+    with pytest.raises(SystemExit) as exit_status:
+        prepare_script().main(["--check", str(folder)])
+    assert exit_status.value.code == 1  # not the official release
+    out = capsys.readouterr().out
+    assert expected in out
+    assert f"differs from the official hash of books_16384, {OFFICIAL_LISTING_SHA256['books_16384']}" in out
+
+
+def prepare_script():
+    spec = importlib.util.spec_from_file_location("prepare_books", REPO / "scripts" / "prepare_books.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,7 +1,9 @@
 """The trainer end to end on CPU: exact resume, non-finite loss, bad input, data discovery, run records,
 data parallel = accumulation."""
+import dataclasses
 import hashlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -10,10 +12,11 @@ import sys
 import pytest
 import torch
 
+from languini import experiment, throughput
 from languini.books import BooksDataset
-from languini import experiment
 from languini.experiment import REPO_ROOT, main
-from languini.trainer import TrainConfig, Trainer, lr_factor
+from languini.measure import Measurement
+from languini.trainer import TrainConfig, Trainer, ramp_times_cosine, warmup_then_cosine
 from projects.gpt import configs
 from projects.gpt.model import Model
 
@@ -27,11 +30,47 @@ def train_losses(run_dir):
     return [(r["step"], r["loss"]) for r in rows if r["event"] == "train"]
 
 
-def test_lr_schedule_by_hand():
-    assert lr_factor(0, 100, 10, 0.01) == pytest.approx(0.1)
-    assert lr_factor(9, 100, 10, 0.01) == pytest.approx(1.0)
-    assert lr_factor(55, 100, 10, 0.01) == pytest.approx(0.01 + 0.99 * 0.5)  # half-way through the cosine
-    assert lr_factor(100, 100, 10, 0.01) == pytest.approx(0.01)  # decayed by 100x
+def test_warmup_then_cosine_by_hand():
+    assert warmup_then_cosine(0, 100, 10, 0.01) == pytest.approx(0.1)
+    assert warmup_then_cosine(9, 100, 10, 0.01) == pytest.approx(1.0)
+    assert warmup_then_cosine(55, 100, 10, 0.01) == pytest.approx(0.01 + 0.99 * 0.5)  # half-way through the cosine
+    assert warmup_then_cosine(100, 100, 10, 0.01) == pytest.approx(0.01)  # decayed by 100x
+
+
+def test_ramp_times_cosine_by_hand():
+    # The official schedule, 1,000 steps, warm-up 200: optimiser step s uses the factor of count c = s + 1,
+    # min(c, 200) / 200 * (0.01 + 0.99 * (1 + cos(pi * c / 1000)) / 2).
+    cos_pi_10, cos_pi_5 = math.sqrt(10 + 2 * math.sqrt(5)) / 4, (1 + math.sqrt(5)) / 4  # cos(pi/10), cos(pi/5)
+    first = 1 / 200 * (0.01 + 0.99 * (1 + math.cos(math.pi / 1000)) / 2)
+    assert ramp_times_cosine(0, 1000, 200, 0.01) == pytest.approx(first)
+    assert ramp_times_cosine(99, 1000, 200, 0.01) == pytest.approx(0.5 * (0.01 + 0.99 * (1 + cos_pi_10) / 2))
+    assert ramp_times_cosine(199, 1000, 200, 0.01) == pytest.approx(0.01 + 0.99 * (1 + cos_pi_5) / 2)
+    assert ramp_times_cosine(499, 1000, 200, 0.01) == pytest.approx(0.505)  # cos(pi/2) = 0
+    assert ramp_times_cosine(999, 1000, 200, 0.01) == pytest.approx(0.01)  # the last step: decayed by 100x
+    # A run shorter than the warm-up never reaches the peak: its last step is half-ramped and fully decayed.
+    assert ramp_times_cosine(99, 100, 200, 0.01) == pytest.approx(0.5 * 0.01)
+    # At step 100 of 1,000 the official rate is 0.4925 of the peak, warmup_then_cosine's (warm-up 100) the peak.
+    assert ramp_times_cosine(100, 1000, 200, 0.01) == pytest.approx(0.4925, abs=5e-5)
+    assert warmup_then_cosine(100, 1000, 100, 0.01) == 1.0
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of:UserWarning")
+@pytest.mark.parametrize("schedule,step,factor", [
+    ("ramp_times_cosine", 0, 1 / 200 * (0.01 + 0.99 * (1 + math.cos(math.pi / 1000)) / 2)),
+    ("ramp_times_cosine", 499, 0.505),
+    ("warmup_then_cosine", 0, 1 / 100),  # warm-up cut to a tenth of the run
+    ("warmup_then_cosine", 99, 1.0),
+])
+def test_trainer_follows_the_schedule_it_is_given(default_corpus_root, tmp_path, schedule, step, factor):
+    cfg = configs.get("cpu", d_model=16, n_layers=1, n_heads=2, d_head=8, seq_len=8)
+    assert TrainConfig().lr_schedule == "ramp_times_cosine" and TrainConfig().warmup_steps == 200  # the official
+    tcfg = TrainConfig(batch_size=2, lr_schedule=schedule)
+    trainer = Trainer(project="gpt", config_name="cpu", model_cfg=cfg, model_cls=Model, tcfg=tcfg,
+                      dataset=BooksDataset(default_corpus_root, 2048), bytes_per_token=torch.ones(2048),
+                      run_dir=tmp_path, total_steps=1000, tokens_per_second=1.0, reference_hardware="cpu")
+    for _ in range(step):
+        trainer.schedulers[0].step()
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(6e-4 * factor)
 
 
 class SparseEmbeddingGPT(Model):
@@ -71,6 +110,12 @@ def test_killed_and_resumed_run_has_the_losses_of_an_uninterrupted_one(default_c
     assert wall["final_evaluation"] > 0
     assert wall["total"] == pytest.approx(wall["training"] + wall["evaluation_during_training"]
                                           + wall["final_evaluation"])
+    slow = results["eval"]["slow"]["test"]
+    assert (slow["protocol"], slow["window"], slow["last_n"]) == ("last_n", 32, 32 // 4)  # the official default
+    for row in (results["eval"]["fast"]["test"], slow):
+        assert row["scored_chars"] <= row["scored_bytes"]  # so per character is the higher perplexity
+        assert row["normalised_perplexity_chars"] >= row["normalised_perplexity"] > 1
+        assert 0 <= row["top1_accuracy"] <= row["top10_accuracy"] <= 1
 
 
 def test_sparse_group_updates_only_rows_read(default_corpus_root, tmp_path):
@@ -117,7 +162,9 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(default_corpus
     (["--data_root", "/nonexistent"], "prepare_books.py"),
     (["--vocab_size", "4096"], "books_2048: pass the matching --vocab_size"),
     ([], "--compute_class .* or --max_steps"),
-    (["--compute_class", "1h", "--reference_hardware", "RTX 3090"], "measure_throughput.py gpt cpu --sweep"),
+    # The model flags of TINY change the cpu config: its cpu row is not used, and the command measures TINY.
+    (["--compute_class", "1h", "--reference_hardware", "cpu"],
+     "measure_throughput.py gpt cpu --seq_len 32 --d_model 32 --n_layers 1 --n_heads 2 --d_head 16 --sweep"),
     (["--compute_class", "6 hours"], "not understood"),
     (["--max_steps", "1", "--batch_size", "5", "--micro_batches", "2"], "not divisible into 2 micro-batches"),
     (["--max_steps", "1", "--batch_size", "0"], "--batch_size must be at least 1, got 0"),
@@ -126,6 +173,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(default_corpus
     (["--max_steps", "1", "--lr", "-1"], "--lr must be positive"),
     (["--max_steps", "1", "--batch_size", "81"], "Only 80 books for 81 streams"),  # the default corpus has 80
     (["--max_steps", "5", "--compute_class", "1m"], "two budgets; give one.*--stop_at_step"),
+    (["--max_steps", "1", "--slow_eval_last_n", "64"], "slow_eval_last_n must be in 1..seq_len"),
 ])
 def test_bad_input_gives_one_clear_error(default_corpus_root, tmp_path, extra, message):
     args = TINY + ["--data_root", str(default_corpus_root), "--out_dir", str(tmp_path)] + extra
@@ -154,11 +202,101 @@ def test_existing_run_is_not_overwritten(default_corpus_root, tmp_path):
         main("gpt", configs, Model, args)
 
 
-def test_dry_run_prints_the_paper_plan(default_corpus_root, capsys):
+class ByteTokenizer:
+    """Stands for a vocabulary the default corpus was not tokenised with, in dry runs: every token one byte."""
+
+    def __init__(self, vocab_size):
+        self.vocab_size = vocab_size
+
+    def get_piece_size(self):
+        return self.vocab_size
+
+    def is_control(self, i):
+        return False
+
+    is_unknown = is_control
+
+    def is_byte(self, i):
+        return True
+
+
+def test_dry_run_prints_the_paper_plan(default_corpus_root, tmp_path, monkeypatch, capsys):
+    # The paper's rows are of its models, vocabulary 16384 included: give the default corpus's books under that name.
+    (tmp_path / "books_16384").symlink_to(default_corpus_root / "books_2048", target_is_directory=True)
+    monkeypatch.setattr(experiment, "load_tokenizer", lambda ds, tcfg, vocab_size: ByteTokenizer(vocab_size))
     assert main("gpt", configs, Model, ["--config", "small", "--compute_class", "6h", "--dry_run", "true",
-                                         "--data_root", str(default_corpus_root), "--vocab_size", "2048"]) is None
+                                         "--data_root", str(tmp_path), "--vocab_size", "16384"]) is None
     out = capsys.readouterr().out
-    assert "18,265" in out and "55,416 tokens/s" in out  # Table 5/6: GPT small, 6h, batch 128
+    assert "18,265" in out and "55,416 tokens/s (published on RTX 3090)" in out  # Table 5/6: GPT small, 6h, batch 128
+
+
+def test_paper_class_on_a_cpu_says_what_it_means(default_corpus_root, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    given = ["--dry_run", "true", "--data_root", str(default_corpus_root), "--tokens_per_second", "24000"]
+    main("gpt", configs, Model, ["--compute_class", "24h", *given])
+    out = capsys.readouterr().out
+    assert "--compute_class 24h means 24h of this CPU training the toy config 'cpu'" in out
+    assert "use --compute_class 2m" in out and "--config small" in out
+    main("gpt", configs, Model, ["--compute_class", "2m", *given])
+    assert "toy config" not in capsys.readouterr().out
+
+
+def test_cpu_path_times_a_model_with_another_vocabulary_instead_of_reusing_a_row(default_corpus_root, tmp_path,
+                                                                                   monkeypatch, capsys):
+    """Issue 13: the cpu config on book data (vocab 16384) is another model than on the default corpus (2048)."""
+    (tmp_path / "books_16384").symlink_to(default_corpus_root / "books_2048", target_is_directory=True)
+    monkeypatch.setattr(experiment, "load_tokenizer", lambda ds, tcfg, vocab_size: ByteTokenizer(vocab_size))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    timed = []
+    monkeypatch.setattr(experiment.measure, "measure_batch_size", lambda model, cfg, batch, *rest: timed.append(
+        cfg.vocab_size) or Measurement(batch, 4096.0, 0.5, None))
+    argv = ["--compute_class", "10s", "--dry_run", "true", "--data_root", str(tmp_path), "--vocab_size", "16384",
+            "--out_dir", str(tmp_path / "runs")]
+    main("gpt", configs, Model, argv)
+    out = capsys.readouterr().out
+    assert timed == [16384] and "kept in" in out
+    [row] = throughput.read_registry(tmp_path / "runs" / "throughput.csv")
+    assert row.model_fingerprint == throughput.model_spec("gpt", "cpu", configs.get("cpu", vocab_size=16384)).fingerprint
+    assert "4,096 tokens/s (measured on cpu, " in out and "steps                    20\n" in out  # 40960 / 2048
+    main("gpt", configs, Model, argv)  # the next run here (or a resumed one) plans with the row kept
+    assert timed == [16384] and "steps                    20\n" in capsys.readouterr().out
+    # On the default corpus the committed row of the cpu config (measured with SDPA attention) is used, and
+    # nothing is timed; the default math attention is another model, timed here.
+    default_corpus = ["--compute_class", "10s", "--dry_run", "true", "--data_root", str(default_corpus_root),
+                      "--out_dir", str(tmp_path / "runs")]
+    main("gpt", configs, Model, default_corpus + ["--attention", "sdpa"])
+    assert timed == [16384] and "24,004 tokens/s (measured on cpu, 2026-11-22)" in capsys.readouterr().out
+    main("gpt", configs, Model, default_corpus)
+    assert timed == [16384, 2048] and "No throughput row for gpt cpu (model" in capsys.readouterr().out
+
+
+def test_run_records_its_throughput_row_and_evaluation_time(default_corpus_root, tmp_path, monkeypatch):
+    """results.json names the row that set the budget; the log keeps evaluation time apart from training."""
+    registry = tmp_path / "throughput.csv"
+    spec = throughput.model_spec("gpt", "cpu", configs.get("cpu", seq_len=32, d_model=32, n_layers=1, n_heads=2,
+                                                           d_head=16))
+    row = throughput.ThroughputRow("gpt", "cpu", spec.fingerprint, spec.flags, "cpu", 4, 32, 1280.0, None, "fp32",
+                                   False, "2.13.0", "2026-01-02", "measured", "by hand")
+    throughput.append_row(registry, row)
+    monkeypatch.setattr(throughput, "registry_path", lambda project: registry)
+    args = TINY + ["--data_root", str(default_corpus_root), "--compute_class", "1s", "--reference_hardware", "cpu",
+                   "--eval_every", "5", "--eval_every_max_batches", "1", "--out_dir", str(tmp_path), "--run_name", "r"]
+    results = main("gpt", configs, Model, args)
+    assert results["steps"] == 10  # 1 s x 1,280 tokens/s / (4 x 32)
+    assert results["throughput_row"] == dataclasses.asdict(row)
+    assert (results["model_fingerprint"], results["model_flags"]) == (spec.fingerprint, spec.flags)
+    log = [json.loads(line) for line in (tmp_path / "r" / "log.jsonl").read_text().splitlines()]
+    evals = [r for r in log if r["event"] == "eval"]
+    during, final_valid = evals[0], next(r for r in evals[1:] if r["split"] == "valid" and r["mode"] == "fast")
+    assert during["step"] == 5 and during["scored_tokens"] <= 4 * 32 < final_valid["scored_tokens"]  # capped: 1 batch
+    assert all(r["wall_seconds"] > 0 for r in evals)
+    train = [r["train_wall_seconds"] for r in log if r["event"] == "train"]
+    assert train == sorted(train) and train[-1] > 0 and results["train_wall_seconds"] == train[-1]
+    # A newer row for the same model would give 20 steps; the run, continued, keeps the budget it started with.
+    throughput.append_row(registry, dataclasses.replace(row, tokens_per_second=2560.0, date="2026-02-03"))
+    (tmp_path / "r" / "results.json").unlink()
+    continued = main("gpt", configs, Model, args + ["--resume", "true"])
+    assert continued["steps"] == 10 and continued["throughput_row"] == dataclasses.asdict(row)
 
 
 def integrity_fingerprint(dataset_dir):

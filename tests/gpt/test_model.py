@@ -4,7 +4,7 @@ import torch
 
 from languini.flops import forward_flops
 from projects.gpt import configs
-from projects.gpt.model import Model
+from projects.gpt.model import Attention, Model
 
 # Table 4 (medium with 24 layers, see configs.py): parameters in millions, forward GFLOPs at batch 1 x 512.
 TABLE_4 = {"mini": (27.6, 20.4), "tiny": (53.9, 45.1), "small": (110.6, 109.6),
@@ -21,11 +21,13 @@ def test_parameters_and_flops_match_table_4(size):
     assert forward_flops(model, 512, 16384, "meta") / 1e9 == pytest.approx(gflops, rel=0.002)
 
 
-def test_flops_on_meta_match_flops_on_cpu():
+@pytest.mark.parametrize("attention", ["math", "sdpa"])
+def test_flops_on_meta_match_flops_on_cpu(attention):
     # Matmuls must not be counted twice through the meta device's decompositions (layer norm differs slightly).
-    cfg = configs.get("cpu")
-    with torch.device("meta"):
-        meta = forward_flops(Model(cfg), cfg.seq_len, cfg.vocab_size, "meta")
+    cfg = configs.get("cpu", attention=attention)
+    with torch.device("meta"):  # built on meta, profiled as forward_flops always is: outside the device context
+        meta_model = Model(cfg)
+    meta = forward_flops(meta_model, cfg.seq_len, cfg.vocab_size, "meta")
     assert meta == pytest.approx(forward_flops(Model(cfg), cfg.seq_len, cfg.vocab_size), rel=1e-3)
 
 
@@ -56,3 +58,35 @@ def test_sequence_longer_than_position_table_is_explained():
 def test_unknown_config_lists_the_known_ones():
     with pytest.raises(ValueError, match="mini, tiny, small"):
         configs.get("huge")
+
+
+@pytest.mark.parametrize("attention", ["math", "sdpa"])
+def test_attention_by_hand(attention):
+    # With zero keys every score is 0: position t attends equally to positions 0..t, so before the output
+    # projection the attention returns the running mean of the values.
+    torch.manual_seed(0)
+    attn = Attention(configs.get("cpu", d_model=8, n_heads=2, d_head=4, attention=attention)).double()
+    q, k, v = (slice(i * 8, (i + 1) * 8) for i in range(3))  # rows of qkv: queries, keys, values (heads inside)
+    with torch.no_grad():
+        attn.qkv.weight[k] = 0
+        attn.qkv.bias[k] = 0
+    x = torch.randn(3, 7, 8, dtype=torch.float64)
+    values = x @ attn.qkv.weight[v].T + attn.qkv.bias[v]
+    running_mean = values.cumsum(dim=1) / torch.arange(1, 8, dtype=torch.float64)[:, None]
+    # float64, sums of at most 7 terms: agreement to ~1e-15; 1e-12 leaves a wide margin
+    torch.testing.assert_close(attn(x), attn.proj(running_mean), rtol=1e-12, atol=1e-12)
+
+
+def test_math_attention_is_the_default_and_agrees_with_sdpa():
+    assert configs.ModelConfig().attention == "math"  # the official code's default (use_flash off)
+    cfg = configs.get("cpu", seq_len=16, d_model=32, n_heads=2, d_head=16)
+    torch.manual_seed(0)
+    math_model = Model(cfg).eval()
+    sdpa_model = Model(configs.get("cpu", seq_len=16, d_model=32, n_heads=2, d_head=16, attention="sdpa")).eval()
+    sdpa_model.load_state_dict(math_model.state_dict())
+    x = torch.randint(cfg.vocab_size, (2, 16))
+    # Two fp32 computations (eps 1.2e-7) of scores over d_head = 16 products and sums over <= 16 weights, in
+    # two layers: they differ by about 1e-7 (logits of order 0.5); 1e-5 leaves a wide margin.
+    torch.testing.assert_close(math_model(x)[0], sdpa_model(x)[0], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="math, sdpa"):
+        Model(configs.get("cpu", attention="flash"))

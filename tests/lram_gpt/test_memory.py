@@ -99,7 +99,7 @@ def test_layer_norm_queries_keep_the_block_causal_and_batch_norm_does_not():
     later_changed = x.clone()
     later_changed[:, 4:] += 1.0
     causal = LRAMBlock(32, K=SMALL)
-    assert torch.equal(causal(x)[:, :4], causal(later_changed)[:, :4])
+    assert torch.equal(causal(x)[:, :4], causal(later_changed)[:, :4])  # exact: same kernels, same numbers
     batch = LRAMBlock(32, K=SMALL, query_norm="batch").train()
     assert not torch.allclose(batch(x)[:, :4], batch(later_changed)[:, :4])
 
@@ -122,7 +122,8 @@ def test_cpu_tensors_take_the_reference_path_unless_forced(monkeypatch):
     from projects.lram_gpt import lookup_triton
 
     calls = []
-    monkeypatch.setattr(lookup_triton, "interpolate_triton", lambda *args: calls.append(args) or L.interpolate(*args[:4]))
+    monkeypatch.setattr(lookup_triton, "theta_triton",
+                        lambda *args: calls.append(args) or theta(*args[:4], use_triton=False))
     z, values = torch.randn(3, 16), torch.randn(256, 4)
     theta(z, values, SMALL)
     assert not calls
@@ -226,3 +227,21 @@ def test_sparse_values_under_torch_compile(use_triton, device):
     out.sum().backward()
     assert block.values.grad.layout == torch.sparse_coo
     torch.testing.assert_close(block.values.grad.to_dense(), eager_grad)
+
+
+@pytest.mark.parametrize("use_triton", [False, True])
+def test_bf16_value_table_reads_and_learns_like_its_fp32_copy(use_triton, device):
+    torch.manual_seed(9)
+    block = LRAMBlock(32, memory_size=256, value_dtype=torch.bfloat16, use_triton=use_triton).to(device)
+    assert block.values.dtype == torch.bfloat16
+    copy = LRAMBlock(32, memory_size=256, use_triton=use_triton).to(device)
+    copy.load_state_dict({k: v.float() for k, v in block.state_dict().items()})  # the same (bf16-exact) values
+    x = torch.randn(1, 5, 32).to(device)
+    out, out_copy = block(x), copy(x)
+    torch.testing.assert_close(out, out_copy, atol=1e-5, rtol=1e-5)  # both sum in fp32
+    out.square().sum().backward()
+    out_copy.square().sum().backward()
+    assert block.values.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(block.values.grad.float(), copy.values.grad, atol=1e-2, rtol=1e-2)  # rounded once
+    with pytest.raises(ValueError, match="value_dtype"):
+        LRAMBlock(32, memory_size=256, value_dtype=torch.float16)

@@ -1,0 +1,94 @@
+"""What a run does with its run folder: continue the run there, start it, refuse, or report it finished.
+
+A folder holds a run once it has a checkpoint or results.json. A fresh start never appends to an old log: a
+folder whose run stopped before its first checkpoint (only log.jsonl) is started again, anything more is only
+replaced with --overwrite true.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+from pathlib import Path
+
+from languini import checkpoint
+from languini.flags import parse_bool
+
+RESULTS = "results.json"
+LOG = "log.jsonl"
+
+
+def resume_mode(value: str | bool) -> str:
+    """--resume as one of true, false, auto (true/false accept what boolean flags accept)."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return text
+    try:
+        return "true" if parse_bool(text) else "false"
+    except Exception:
+        raise ValueError(f"--resume must be true, false or auto, not '{value}'.") from None
+
+
+def run_files(run_dir: Path) -> list[Path]:
+    """What a run writes into its folder (W&B's offline folder excepted: it has its own run ids)."""
+    names = [LOG, RESULTS, checkpoint.CHECKPOINT, checkpoint.PREVIOUS, "tensorboard"]
+    found = [run_dir / n for n in names if (run_dir / n).exists()]
+    return found + sorted(run_dir.glob("states_rank*.pt")) + sorted(run_dir.glob("*.tmp"))
+
+
+def start_or_continue(run_dir: Path, resume: str | bool, overwrite: bool, say=print, main: bool = True) -> bool:
+    """Whether to continue the run in run_dir (True) or start it (False, the folder cleared of an old run)."""
+    mode = resume_mode(resume)
+    if overwrite and mode != "false":
+        raise ValueError("--overwrite true trains the run again from step 1; it cannot be combined with --resume "
+                         f"{mode}.")
+    has_run = checkpoint.exists(run_dir) or (run_dir / RESULTS).exists()
+    if mode == "true" and not has_run:
+        raise FileNotFoundError(f"--resume true but {run_dir} has no checkpoint to continue from; start the run "
+                                "with --resume auto (what a requeued job should pass) or false.")
+    if has_run and mode != "false":
+        return True
+    if has_run and not overwrite:
+        raise FileExistsError(f"{run_dir} already holds a run; continue it with --resume true (or auto), replace it "
+                              "with --overwrite true, or start another with --run_name NAME.")
+    old = run_files(run_dir) if run_dir.is_dir() else []
+    if old and main:
+        if overwrite:
+            say(f"Replacing the run in {run_dir} (--overwrite true).")
+        else:
+            say(f"{run_dir} holds a run stopped before its first checkpoint: starting it again, its {LOG} replaced.")
+        for path in old:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+    return False
+
+
+def finished_results(run_dir: Path, model_config: dict, steps: int) -> dict | None:
+    """The results of a finished run in run_dir (None if unfinished); an error if they belong to another run."""
+    path = run_dir / RESULTS
+    if not path.exists():
+        return None
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path} cannot be read ({e}); delete it to evaluate the run's last checkpoint again.") from e
+    if results.get("model_config") != model_config or results.get("steps") != steps:
+        raise ValueError(f"The run in {run_dir} was trained with another model config or budget; resume with the "
+                         "same flags or choose another --run_name.")
+    return results
+
+
+def continue_command(project: str, argv: list[str], world_size: int = 1) -> str:
+    """The command line that continues a stopped run: the same flags with --resume auto (and no --overwrite)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--resume", "--overwrite"):
+            skip = True
+        elif not arg.startswith(("--resume=", "--overwrite=")):
+            kept.append(arg)
+    launcher = ["torchrun", "--nproc_per_node", str(world_size)] if world_size > 1 else ["python"]
+    return shlex.join([*launcher, f"projects/{project}/train.py", *kept, "--resume", "auto"])

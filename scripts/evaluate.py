@@ -1,0 +1,143 @@
+"""Evaluate a run's checkpoint as the final evaluation of train.py does, into the run's results.json.
+
+    python scripts/evaluate.py runs/gpt_small_6h_bs128_seed0                          # every held-out split
+    python scripts/evaluate.py runs/gpt_small_6h_bs128_seed0 --split test java --mode slow --last_n 64
+    torchrun --standalone --nproc_per_node 4 scripts/evaluate.py RUN_DIR                # shared by 4 GPUs
+
+The model is rebuilt from the run's config.json (written when training starts; a results.json serves too)
+and the weights of its checkpoint.pt, and the data is found as in training (--data_root, --tokenizer to
+look elsewhere). Each split and mode evaluated replaces its entry in results.json (created if the run has
+none yet), with the fields training writes: normalised perplexity per byte and per character, top-1 and
+top-10 accuracy, tokens, bytes and characters scored, and for the slow eval its protocol.
+"""
+import argparse
+import dataclasses
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from languini import checkpoint, experiment, tokenizer
+from languini.books import SLOW_EVAL_PROTOCOLS, DataError
+from languini.evaluation import Evaluator, describe_slow_protocol, evaluate_splits
+from languini.trainer import TrainConfig, init_distributed, precision_for, write_json
+
+RESULTS = "results.json"
+RUN_DEFAULT = "the run's"
+CAPS = ("slow_eval_last_n", "eval_max_batches", "slow_eval_max_windows")  # flags where none is a value
+
+
+def optional_int(text: str) -> int | None:
+    return None if text.strip().lower() == "none" else int(text)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", help="a run folder of train.py (holding config.json and checkpoint.pt)")
+    parser.add_argument("--split", nargs="+", default=None, help="splits to evaluate (default: all but train)")
+    parser.add_argument("--mode", choices=("fast", "slow", "both"), default="both", help="default: both")
+    parser.add_argument("--slow_eval", choices=SLOW_EVAL_PROTOCOLS, default=None,
+                        help=f"slow eval protocol of stateless models (default: {RUN_DEFAULT}; see train.py --help)")
+    parser.add_argument("--last_n", dest="slow_eval_last_n", type=optional_int, default=argparse.SUPPRESS,
+                        metavar="N",
+                        help="slow eval: targets scored per window, and the windows' stride (default: the "
+                             "run's; none: seq_len // 4)")
+    parser.add_argument("--eval_batch_size", type=int, default=None, help=f"default: {RUN_DEFAULT}")
+    parser.add_argument("--eval_max_batches", type=optional_int, default=argparse.SUPPRESS,
+                        help=f"fast eval: batches per split (none: all; default: {RUN_DEFAULT})")
+    parser.add_argument("--slow_eval_max_windows", type=optional_int, default=argparse.SUPPRESS,
+                        help=f"slow eval: windows per split (none: all; default: {RUN_DEFAULT})")
+    parser.add_argument("--data_root", default=None, help=f"folder holding books_<vocab>/ (default: {RUN_DEFAULT})")
+    parser.add_argument("--tokenizer", default=None, help=f"SentencePiece model of the data (default: {RUN_DEFAULT})")
+    parser.add_argument("--precision", default=None, help=f"auto, bf16, fp16 or fp32 (default: {RUN_DEFAULT})")
+    parser.add_argument("--out", default=None, help=f"results file to update (default: RUN_DIR/{RESULTS})")
+    return parser.parse_args(argv)
+
+
+def load_run(run_dir: Path) -> dict:
+    """Project, config name and training config of a run, from config.json or else results.json."""
+    for name, train_key in ((experiment.RUN_CONFIG, "train"), (RESULTS, "train_config")):
+        path = run_dir / name
+        if path.exists():
+            saved = json.loads(path.read_text())
+            return {"project": saved["project"], "config": saved["config"], "train": saved[train_key]}
+    raise FileNotFoundError(f"{run_dir} holds neither {experiment.RUN_CONFIG} nor {RESULTS}: not a run folder "
+                            "of a train.py.")
+
+
+def train_config(saved: dict, args: argparse.Namespace) -> TrainConfig:
+    """The run's training config with the evaluation flags given on the command line."""
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    tcfg = TrainConfig(**{k: v for k, v in saved.items() if k in names})
+    given = {"data_root": args.data_root, "tokenizer": args.tokenizer, "eval_batch_size": args.eval_batch_size,
+             "slow_eval": args.slow_eval, "precision": args.precision}
+    given = {k: v for k, v in given.items() if v is not None}
+    given.update({field: getattr(args, field) for field in CAPS if hasattr(args, field)})
+    return dataclasses.replace(tcfg, **given)
+
+
+def main(argv=None) -> dict | None:
+    args = parse_args(argv)
+    try:
+        return evaluate(args)
+    except (DataError, ValueError, FileNotFoundError, checkpoint.CheckpointError) as e:
+        sys.exit(f"error: {e}")
+
+
+def evaluate(args: argparse.Namespace) -> dict | None:
+    ddp = init_distributed()
+    say = print if ddp.main else (lambda *a, **k: None)
+    device = torch.device(f"cuda:{ddp.local_rank}" if torch.cuda.is_available() else "cpu")
+    run_dir = Path(args.run_dir)
+    run = load_run(run_dir)
+    if not checkpoint.exists(run_dir):
+        raise FileNotFoundError(f"{run_dir} holds no {checkpoint.CHECKPOINT}: nothing to evaluate.")
+    ckpt, _ = checkpoint.load(run_dir, device)  # the previous checkpoint, with a warning, if the latest is unreadable
+    out = Path(args.out) if args.out else run_dir / RESULTS
+    results = json.loads(out.read_text()) if out.exists() else {}
+    if results.get("steps", ckpt["step"]) != ckpt["step"]:
+        raise ValueError(f"{out} holds the results of step {results['steps']} but the checkpoint is of step "
+                         f"{ckpt['step']}; write these elsewhere with --out FILE.")
+
+    configs = importlib.import_module(f"projects.{run['project']}.configs")
+    model_cls = importlib.import_module(f"projects.{run['project']}.model").Model
+    model_cfg = configs.ModelConfig(**ckpt["model_config"])
+    tcfg = train_config(run["train"], args)
+    dataset, _ = experiment.load_data(tcfg, model_cfg, say, ddp)
+    splits = args.split or [s for s in dataset.splits if s != "train"]
+    for split in splits:
+        dataset.books(split)  # an unknown split fails here, before any work, with the splits there are
+    sp = experiment.load_tokenizer(dataset, tcfg, model_cfg.vocab_size)
+
+    model = model_cls(model_cfg).to(device)
+    model.load_state_dict(ckpt["model"])
+    model.eval()
+    with torch.no_grad():  # a stateful model returns its state (the trainer knows it from the states it carries)
+        stateful = model(torch.zeros(1, 1, dtype=torch.long, device=device))[1] is not None
+    autocast, _, precision = precision_for(device, tcfg.precision)
+    evaluator = Evaluator(torch.from_numpy(tokenizer.bytes_per_token(sp)), model_cfg.vocab_size, model_cfg.seq_len,
+                          device, tcfg.eval_batch_size, tcfg.eval_max_batches, tcfg.slow_eval_max_windows, autocast,
+                          ddp.rank, ddp.world_size, sp.decode, tcfg.slow_eval, tcfg.slow_eval_last_n)
+    modes = ("fast", "slow") if args.mode == "both" else (args.mode,)
+    say(f"Evaluating {run['project']}/{run['config']} at step {ckpt['step']} ({precision}) on {', '.join(splits)}"
+        + (f"; slow: {describe_slow_protocol(evaluator.slow_protocol_for(stateful))}" if "slow" in modes
+           else ""))
+    evals = evaluate_splits(evaluator, model, dataset, splits, stateful, modes, say=say)
+    if not ddp.main:
+        return None
+    if not results:
+        results = {"project": run["project"], "config": run["config"], "model_config": ckpt["model_config"],
+                   "train_config": dataclasses.asdict(tcfg), "steps": ckpt["step"]}
+    for mode in modes:
+        results.setdefault("eval", {}).setdefault(mode, {}).update(evals["eval"][mode])
+    if "memory_stats" in evals:
+        results.setdefault("memory_stats", {}).update(evals["memory_stats"])
+    write_json(out, results)
+    say(f"Wrote {out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

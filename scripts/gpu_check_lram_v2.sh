@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The GPU check of issue 14 (LRAM kernel v2) in one command of about 6 minutes: kernel tests on CUDA, where an
+# LRAM layer's time goes at width 768, then the memory-layer benchmark at the sizes that judge the goals (bf16,
+# then fp32 with TF32 off). Every step writes to $OUT/<step>.txt as it runs (the benchmark also its CSV, row by
+# row), has its own timeout and does not stop the ones after it; $OUT/summary.tsv lists step, exit code,
+# seconds. Timeouts sum to 385 s.
+#
+#   OUT=/path/to/results bash scripts/gpu_check_lram_v2.sh
+set -u
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export WANDB_MODE=disabled
+export OUT="${OUT:-gpu_results}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+printf 'step\texit\tseconds\n' >"$OUT/summary.tsv"
+
+step() {  # name, timeout in seconds, command...
+    local name=$1 limit=$2 start=$SECONDS rc
+    shift 2
+    echo "\$ $*  (timeout ${limit}s, $(date -u +%FT%TZ))" | tee "$OUT/$name.txt"
+    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$OUT/$name.txt"
+    rc=${PIPESTATUS[0]}
+    printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" | tee -a "$OUT/summary.tsv"
+}
+
+parallel=()
+python -c "import xdist" 2>/dev/null && parallel=(-n 8)
+
+step environment 15 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv;
+    python -c "import torch, triton, numpy; print(torch.__version__, triton.__version__, numpy.__version__,
+    torch.cuda.get_device_name())"; git rev-parse HEAD 2>/dev/null || true'
+step kernel_tests 120 env -u TRITON_INTERPRET LANGUINI_TEST_DEVICE=cuda python -m pytest tests/lram_gpt \
+    tests/pkm_gpt tests/qlstm "${parallel[@]}" -q -p no:cacheprovider --durations=10
+for grad in atomic segment; do
+    step "profile_lram_768_$grad" 25 python scripts/profile_memory_layer.py --layer lram --width 768 \
+        --memory_size 2^18 --value_grad "$grad" --rows 12
+done
+step profile_lram_768_forward 20 python scripts/profile_memory_layer.py --layer lram --width 768 \
+    --memory_size 2^18 --mode forward --rows 8
+step bench_bf16 100 python scripts/bench_memory_layers.py --precision bf16 --widths 512,768 \
+    --params 2^20,2^24,2^28 --repeats 5 --warmup 2 --out "$OUT"
+step bench_fp32 80 python scripts/bench_memory_layers.py --precision fp32 --widths 768,4096 \
+    --params 2^24,2^28 --repeats 5 --warmup 2 --out "$OUT"
+column -t -s $'\t' "$OUT/summary.tsv" 2>/dev/null || cat "$OUT/summary.tsv"
