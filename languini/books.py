@@ -17,6 +17,7 @@ stateful model sees contiguous text per stream, and the data of a step depends o
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import json
 import os
@@ -123,6 +124,9 @@ class BooksDataset:
         self.data_root = Path(data_root)
         self.vocab_size = vocab_size
         self.dir = self.data_root / f"books_{vocab_size}"
+        # for run names and results.json, beside the fingerprint: books_16384, default_corpus_books_2048
+        root_name = self.data_root.resolve().name
+        self.name = self.dir.name if root_name in ("data", "") else f"{root_name}_{self.dir.name}"
         prepare = "prepare it with: python scripts/prepare_books.py BOOKS_FOLDER --out " + str(self.data_root)
         if not self.dir.is_dir():
             found = sorted(p.name for p in self.data_root.glob("books_*")) if self.data_root.is_dir() else []
@@ -146,6 +150,15 @@ class BooksDataset:
             if name in expected and file_list_digest(self.list_dir / name) != expected[name]:
                 raise DataError(f"{self.list_dir / name} does not match its hash in {integrity}: "
                                 "the dataset is corrupt or was edited; prepare it again.")
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """12 hex digits that name the tokenised data: a hash of the sha256 of every file list (the hashes
+        prepare_books writes to integrity.json), so of every book's name and token count in every split.
+        The official release, which ships no integrity.json, is fingerprinted the same way."""
+        lists = sorted(split_file_name(s) for s in self.splits)
+        digests = "".join(f"{name} {file_list_digest(self.list_dir / name)}\n" for name in lists)
+        return hashlib.sha256(digests.encode()).hexdigest()[:12]
 
     def books(self, split: str) -> list[Book]:
         if split not in self.splits:

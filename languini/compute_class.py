@@ -59,23 +59,46 @@ def training_steps(seconds: float, tokens_per_second: float, global_batch_size: 
     return steps
 
 
+# A forward pass costs a third of a training step (the paper's FLOPs convention: backward = 2 forwards), so
+# evaluation is planned at three times the training throughput.
+EVAL_SPEEDUP = 3
+
+
+@dataclass(frozen=True)
+class EvalWork:
+    """Token positions the model reads in evaluation (forward passes, padding included), from the eval settings."""
+
+    each_during_training: int  # one fast evaluation during training (capped by --eval_every_max_batches)
+    evaluations_during_training: int
+    final: int  # fast and slow evaluation of every held-out split at the end
+
+    @property
+    def during_training(self) -> int:
+        return self.each_during_training * self.evaluations_during_training
+
+
 @dataclass(frozen=True)
 class TrainingPlan:
-    """What a compute class buys for one config; derived quantities are properties."""
+    """What a compute class buys for one model; derived quantities are properties."""
 
-    project: str
-    config: str
+    model: throughput.ModelSpec
     compute_class: str
     reference_hardware: str
     tokens_per_second: float
-    throughput_source: str  # "published", "measured" or "--tokens_per_second"
+    throughput_row: throughput.ThroughputRow | None  # None when given by --tokens_per_second
     global_batch_size: int
     seq_len: int
     steps: int
     flops_per_forward: float | None = None  # forward FLOPs of one sequence at batch 1
     local_hardware: str | None = None
-    local_tokens_per_second: float | None = None  # registry throughput of one local device
+    local_row: throughput.ThroughputRow | None = None  # the registry row of one local device
     local_devices: int = 1
+    evaluation: EvalWork | None = None
+    compiled: bool = False
+
+    @property
+    def throughput_source(self) -> str:
+        return "--tokens_per_second" if self.throughput_row is None else self.throughput_row.source
 
     @property
     def tokens(self) -> int:
@@ -97,16 +120,22 @@ class TrainingPlan:
         return flops.train_flops_per_token(self.flops_per_forward, self.seq_len) * self.tokens
 
     @property
+    def local_tokens_per_second(self) -> float | None:
+        """Training throughput of all local devices together, assuming linear data-parallel scaling."""
+        return None if self.local_row is None else self.local_row.tokens_per_second * self.local_devices
+
+    @property
     def expected_wall_seconds(self) -> float | None:
-        """Wall time on the local devices at their registry throughput, assuming linear data-parallel scaling."""
-        if self.local_tokens_per_second is None:
-            return None
-        return self.tokens / (self.local_tokens_per_second * self.local_devices)
+        """Training wall time on the local devices at their registry throughput (evaluation not included)."""
+        return None if self.local_row is None else self.tokens / self.local_tokens_per_second
+
+    def expected_eval_seconds(self, positions: int) -> float | None:
+        """Wall time of evaluating `positions` token positions locally, at EVAL_SPEEDUP x training throughput."""
+        return None if self.local_row is None else positions / (EVAL_SPEEDUP * self.local_tokens_per_second)
 
 
 def plan_training(
-    project: str,
-    config: str,
+    model: throughput.ModelSpec,
     compute_class: str,
     global_batch_size: int,
     seq_len: int,
@@ -116,49 +145,79 @@ def plan_training(
     flops_per_forward: float | None = None,
     local_hardware: str | None = None,
     local_devices: int = 1,
+    evaluation: EvalWork | None = None,
+    compiled: bool = False,
+    row: throughput.ThroughputRow | None = None,
 ) -> TrainingPlan:
-    """Plan a run: throughput from `tokens_per_second` if given, else from the registry.
+    """Plan a run of `model`: throughput from `tokens_per_second` if given, else from `row` (measured for
+    this run on the reference hardware), else from the registry row of that very model (throughput.lookup)
+    on the reference hardware, eager or compiled as the run is.
 
     `registry` defaults to projects/<project>/throughput.csv. Raises
     throughput.ThroughputNotFoundError (naming the measuring command) when no row matches.
     """
-    registry = throughput.registry_path(project) if registry is None else Path(registry)
-    if tokens_per_second is None:
-        row = throughput.lookup(registry, project, config, reference_hardware, seq_len)
-        tokens_per_second, source = row.tokens_per_second, row.source
-    else:
-        source = "--tokens_per_second"
+    registry = throughput.registry_path(model.project) if registry is None else Path(registry)
+    if tokens_per_second is not None:
+        row = None
+    elif row is None:
+        row = throughput.lookup(registry, model, reference_hardware, compiled)
+    if row is not None:
+        tokens_per_second = row.tokens_per_second
     seconds = compute_class_seconds(compute_class)
-    local_tokens_per_second = None
-    if local_hardware is not None:
+    local_row = None
+    if row is not None and local_hardware is not None and throughput.hardware_matches(row.hardware, local_hardware):
+        local_row = row
+    elif local_hardware is not None:
         try:
-            local_tokens_per_second = throughput.lookup(registry, project, config, local_hardware, seq_len).tokens_per_second
+            local_row = throughput.lookup(registry, model, local_hardware, compiled)
         except throughput.ThroughputNotFoundError:
             pass  # the wall-time estimate is optional; format_plan says how to get it
     return TrainingPlan(
-        project=project,
-        config=config,
+        model=model,
         compute_class=compute_class,
         reference_hardware=reference_hardware,
         tokens_per_second=float(tokens_per_second),
-        throughput_source=source,
+        throughput_row=row,
         global_batch_size=global_batch_size,
         seq_len=seq_len,
         steps=training_steps(seconds, tokens_per_second, global_batch_size, seq_len),
         flops_per_forward=flops_per_forward,
         local_hardware=local_hardware,
-        local_tokens_per_second=local_tokens_per_second,
+        local_row=local_row,
         local_devices=local_devices,
+        evaluation=evaluation,
+        compiled=compiled,
     )
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+def _throughput_text(plan: TrainingPlan) -> str:
+    row = plan.throughput_row
+    if row is None:
+        return f"{plan.tokens_per_second:,.0f} tokens/s (--tokens_per_second)"
+    when = f", {row.date}" if row.date else ""
+    text = f"{plan.tokens_per_second:,.0f} tokens/s ({row.source} on {row.hardware}{when})"
+    if row.source == "derived":
+        text += f"\n  {row.note.split('; ')[0]}"
+    return text
 
 
 def format_plan(plan: TrainingPlan) -> str:
     """Aligned plain-text summary for `train.py --dry_run`."""
     rows = [
-        ("project / config", f"{plan.project} / {plan.config}"),
+        ("project / config", f"{plan.model.project} / {plan.model.config}"
+                             f"{' ' + plan.model.flags if plan.model.flags else ''}"),
+        ("model fingerprint", plan.model.fingerprint),
         ("compute class", plan.compute_class),
         ("reference hardware", plan.reference_hardware),
-        ("throughput", f"{plan.tokens_per_second:,.0f} tokens/s ({plan.throughput_source})"),
+        ("throughput", _throughput_text(plan)),
         ("global batch size", f"{plan.global_batch_size:,}"),
         ("sequence length", f"{plan.seq_len:,}"),
         ("steps", f"{plan.steps:,}"),
@@ -171,17 +230,26 @@ def format_plan(plan: TrainingPlan) -> str:
         rows.append(("forward FLOPs (batch 1)", f"{plan.flops_per_forward / 1e9:.1f} GFLOPs"))
         rows.append(("estimated FLOPs", f"{plan.total_flops:.4g} ({plan.total_flops / 1e18:.3f} exaFLOPs = 3 x forward x sequences)"))
     if plan.local_hardware is not None:
-        if plan.expected_wall_seconds is None:
-            local = (
-                f"{plan.local_hardware}: no registry row; measure with "
-                f"python scripts/measure_throughput.py {plan.project} {plan.config} --sweep"
-            )
-        else:
-            devices = f" x {plan.local_devices}" if plan.local_devices > 1 else ""
-            local = (
-                f"{plan.local_hardware}{devices} at {plan.local_tokens_per_second:,.0f} tokens/s each: "
-                f"{plan.expected_wall_seconds / 3600:.2f} h"
-            )
-        rows.append(("expected wall time", local))
+        rows += _wall_time_rows(plan)
     width = max(len(label) for label, _ in rows)
-    return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+    return "\n".join(f"{label:<{width}}  " + value.replace("\n", "\n" + " " * (width + 2)) for label, value in rows)
+
+
+def _wall_time_rows(plan: TrainingPlan) -> list[tuple[str, str]]:
+    if plan.local_row is None:
+        return [("expected wall time", f"unknown: no registry row for this model on {plan.local_hardware}; measure "
+                                       f"it with {throughput.measure_command(plan.model, compiled=plan.compiled)}")]
+    devices = f" x {plan.local_devices}" if plan.local_devices > 1 else ""
+    train = plan.expected_wall_seconds
+    rows = [("expected wall time", f"training {_duration(train)} on {plan.local_hardware}{devices} at "
+                                   f"{plan.local_row.tokens_per_second:,.0f} tokens/s each")]
+    work = plan.evaluation
+    if work is not None:
+        during, final = plan.expected_eval_seconds(work.during_training), plan.expected_eval_seconds(work.final)
+        rows += [
+            ("", f"evaluation {_duration(during + final)}: {work.evaluations_during_training} x "
+                 f"{work.each_during_training:,} positions during training ({_duration(during)}), {work.final:,} "
+                 f"at the end ({_duration(final)}); forward passes at {EVAL_SPEEDUP}x the training throughput"),
+            ("", f"total {_duration(train + during + final)} (the compute class counts training only)"),
+        ]
+    return rows

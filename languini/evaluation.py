@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -19,13 +20,51 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from languini.books import SLOW_EVAL_PROTOCOLS, Book, eval_batches, sliding_windows
+from languini.books import (SLOW_EVAL_PROTOCOLS, Book, distribute, eval_batches, sliding_windows, token_count,
+                            window_plan)
 
 TOP_K = (1, 10)  # the accuracies the official code reports
 
 
 def normalised_perplexity(total_loss: float, total_length: int) -> float:
     return math.exp(total_loss / total_length)
+
+
+def default_last_n(seq_len: int) -> int:
+    """The slow eval's window step (and targets scored per window) when none is given: the paper's 128 of 512."""
+    return max(seq_len // 4, 1)
+
+
+def _stream_length(books: list[Book]) -> int:
+    """Tokens of the books as one stream, end-of-document tokens included (read from the files' headers)."""
+    return sum(token_count(b.path) + 1 for b in books)
+
+
+def fast_positions(books: list[Book], batch_size: int, seq_len: int, max_batches: int | None) -> int:
+    """Token positions (padding included) Evaluator.fast feeds the model on one process: for planning."""
+    streams = [_stream_length([books[i] for i in stream])
+               for stream in distribute([b.list_length for b in books], batch_size) if stream]
+    if not streams:
+        return 0
+    n_batches = -(-(max(streams) - 1) // seq_len)
+    if max_batches is not None:
+        n_batches = min(n_batches, max_batches)
+    return n_batches * len(streams) * seq_len
+
+
+def slow_positions(books: list[Book], seq_len: int, max_windows: int | None, stateful: bool,
+                   protocol: str = "last_n", last_n: int | None = None) -> int:
+    """Token positions (padding included) Evaluator.slow feeds the model on one process: for planning.
+
+    protocol, last_n: as Evaluator's slow_protocol and slow_last_n (a stateful model reads the split once)."""
+    length = _stream_length(books)  # the split as one stream
+    if stateful:  # read once in windows of seq_len
+        windows = -(-(max(length, 1) - 1) // seq_len)
+        if max_windows is not None:
+            windows = min(windows, max_windows)
+    else:
+        windows = len(window_plan(length, seq_len, last_n or default_last_n(seq_len), protocol)[:max_windows])
+    return windows * seq_len
 
 
 @dataclass
@@ -85,7 +124,7 @@ class Evaluator:
         self.batch_size, self.max_batches, self.slow_max_windows = batch_size, max_batches, slow_max_windows
         self.autocast, self.rank, self.world_size, self.decode = autocast, rank, world_size, decode
         self.slow_protocol = slow_protocol
-        self.slow_last_n = slow_last_n or max(seq_len // 4, 1)
+        self.slow_last_n = slow_last_n or default_last_n(seq_len)
         if slow_protocol not in SLOW_EVAL_PROTOCOLS:  # checked now, not after hours of training
             raise ValueError(f"--slow_eval must be one of {', '.join(SLOW_EVAL_PROTOCOLS)}, not {slow_protocol!r}")
         if not 0 < self.slow_last_n <= seq_len:
@@ -149,24 +188,29 @@ def evaluate_splits(evaluator: Evaluator, model, dataset, splits: list[str], sta
                     modes: tuple[str, ...] = ("fast", "slow"), write_row: Callable[[dict], None] | None = None,
                     say: Callable[[str], None] = print) -> dict:
     """Every mode on every split: {"eval": {mode: {split: row}}} and the memory statistics of models with a
-    memory (over the fast eval, one pass over the split). Each slow row names its protocol."""
+    memory (over the fast eval, one pass over the split). Each slow row names its protocol; the rows given to
+    write_row also carry the evaluation's wall time (`wall_seconds`, which results.json leaves out)."""
     results = {mode: {} for mode in modes}
     memory_stats = {}
     for split in splits:
         books = dataset.books(split)
-        rows = {}
+        rows, seconds = {}, {}
         if "fast" in modes:
             if hasattr(model, "reset_memory_stats"):
                 model.reset_memory_stats()
+            started = time.perf_counter()
             rows["fast"] = evaluator.fast(model, books).as_dict()
+            seconds["fast"] = time.perf_counter() - started
             if hasattr(model, "memory_stats"):
                 memory_stats[split] = model.memory_stats()
         if "slow" in modes:
+            started = time.perf_counter()
             rows["slow"] = {**evaluator.slow(model, books, stateful).as_dict(), **evaluator.slow_protocol_for(stateful)}
+            seconds["slow"] = time.perf_counter() - started
         for mode, row in rows.items():
             results[mode][split] = row
             if write_row is not None:
-                write_row({"split": split, "mode": mode, **row})
+                write_row({"split": split, "mode": mode, **row, "wall_seconds": seconds[mode]})
         say(f"  {split:>12}: " + "  ".join(
             f"{mode} {_format(row['normalised_perplexity'])} / {_format(row['normalised_perplexity_chars'])}"
             for mode, row in rows.items()) + "  (normalised perplexity per byte / per character)")

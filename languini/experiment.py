@@ -3,31 +3,41 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
+import hashlib
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from languini import compute_class, data_check, default_corpus, flops, run_folder, throughput, tokenizer
+from languini import (compute_class, data_check, default_corpus, evaluation, flops, measure, run_folder, throughput,
+                      tokenizer)
 from languini.books import BooksDataset, DataError
 from languini.evaluation import describe_slow_protocol
 from languini.checkpoint import CheckpointError
 from languini.flags import add_dataclass_flags, overrides
 from languini.logs import RunLog
 from languini.stop import EXIT_UNFINISHED, StopRequested, StopSignals
-from languini.trainer import Dist, NonFiniteLoss, Trainer, TrainConfig, init_distributed, write_json
+from languini.trainer import (Dist, NonFiniteLoss, Trainer, TrainConfig, eval_every_max_batches, eval_interval,
+                              init_distributed, precision_for, progress_split, write_json)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO_ROOT / "data"
 CPU_CONFIG = "cpu"
+CPU_MEASURE_STEPS, CPU_MEASURE_WARMUP = 10, 2  # timing a model on this CPU when the registry has no row for it
 RUN_CONFIG = "config.json"
 
 
 def build_parser(project: str, configs) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=f"projects/{project}/train.py",
+        # the generated usage lists every flag: 25 lines above each one-line error
+        usage=f"python projects/{project}/train.py (--compute_class CLASS | --max_steps N) [--FLAG VALUE ...] "
+              "(--help lists the flags)",
         description=f"Train and evaluate a {project} model for a compute class.")
     parser.add_argument("--config", default=None,
                         help=f"model size, one of {', '.join(configs.SIZES)} (default: the compute class's, "
@@ -38,22 +48,65 @@ def build_parser(project: str, configs) -> argparse.ArgumentParser:
     return parser
 
 
-def load_data(tcfg: TrainConfig, model_cfg, say, ddp: Dist) -> tuple[BooksDataset, object]:
-    """The dataset and the model config (its vocab set to the default corpus's when that is used)."""
-    if tcfg.data_root is not None:
-        return BooksDataset(tcfg.data_root, model_cfg.vocab_size), model_cfg
-    if (DEFAULT_DATA / f"books_{model_cfg.vocab_size}").is_dir():
-        return BooksDataset(DEFAULT_DATA, model_cfg.vocab_size), model_cfg
-    if not ddp.main:
-        dist.barrier()  # rank 0 builds the corpus once
-    ds = default_corpus.ensure(DEFAULT_DATA / "default_corpus")
-    if ddp.main and ddp.world_size > 1:
-        dist.barrier()
+def data_search_roots() -> list[Path]:
+    """Where a prepared dataset is looked for without --data_root: the repository's data/ (and data/books/),
+    then ./data."""
+    roots = [DEFAULT_DATA, DEFAULT_DATA / "books"]  # data/books/books_16384: as the official download leaves it
+    if (Path.cwd() / "data").resolve() != DEFAULT_DATA.resolve():
+        roots += [Path.cwd() / "data", Path.cwd() / "data" / "books"]
+    return roots
+
+
+def prepared_datasets(root: Path) -> dict[int, Path]:
+    """The books_<vocab>/ folders directly under root, by vocab size."""
+    found = {}
+    for path in sorted(root.glob("books_*")) if root.is_dir() else []:
+        vocab = path.name[len("books_"):]
+        if path.is_dir() and vocab.isdigit():
+            found[int(vocab)] = path
+    return found
+
+
+def dataset_vocab(root: Path, config_vocab: int, vocab_given: bool) -> int | None:
+    """The vocab of the dataset to train on under root: the config's if prepared (or given with --vocab_size),
+    else the only one there; None when root holds no dataset."""
+    found = prepared_datasets(root)
+    if not found:
+        return None
+    if config_vocab in found or vocab_given:
+        return config_vocab  # a --vocab_size with no dataset fails in BooksDataset, naming what is there
+    if len(found) == 1:
+        return next(iter(found))
+    raise DataError(f"{root} holds several datasets ({', '.join(p.name for p in found.values())}) and none for the "
+                    f"config's vocab {config_vocab}: choose one with --vocab_size.")
+
+
+def load_data(tcfg: TrainConfig, model_cfg, vocab_given: bool, say, ddp: Dist) -> tuple[BooksDataset, object]:
+    """The dataset and the model config, its vocab set to the data's unless --vocab_size was given.
+
+    --data_root, else a dataset prepared under data/ (data_search_roots), else the embedded default corpus."""
+    roots = [Path(tcfg.data_root)] if tcfg.data_root is not None else data_search_roots()
+    for root in roots:
+        vocab = dataset_vocab(root, model_cfg.vocab_size, vocab_given)
+        if vocab is not None:
+            ds = BooksDataset(root, vocab)
+            break
+    else:
+        if tcfg.data_root is not None:
+            ds = BooksDataset(tcfg.data_root, model_cfg.vocab_size)  # fails, saying how to prepare it
+        else:
+            if not ddp.main:
+                dist.barrier()  # rank 0 builds the corpus once
+            ds = default_corpus.ensure(DEFAULT_DATA / "default_corpus")
+            if ddp.main and ddp.world_size > 1:
+                dist.barrier()
+            say(f"No dataset given (--data_root) or prepared in {' or '.join(map(str, roots))} "
+                f"(books_<vocab>/ from scripts/prepare_books.py): using the {default_corpus.LABEL}.")
     vocab_note = ""
-    if model_cfg.vocab_size != default_corpus.VOCAB_SIZE:
-        model_cfg = dataclasses.replace(model_cfg, vocab_size=default_corpus.VOCAB_SIZE)
-        vocab_note = f", vocab set to its {default_corpus.VOCAB_SIZE}"
-    say(f"No dataset given (--data_root) or in {DEFAULT_DATA}: using the {default_corpus.LABEL}{vocab_note}.")
+    if model_cfg.vocab_size != ds.vocab_size:
+        model_cfg = dataclasses.replace(model_cfg, vocab_size=ds.vocab_size)
+        vocab_note = f"; the model's vocab set to its {ds.vocab_size}"
+    say(f"Dataset {ds.name}: {ds.dir.resolve()} (fingerprint {ds.fingerprint}){vocab_note}.")
     return ds, model_cfg
 
 
@@ -67,6 +120,114 @@ def load_tokenizer(ds: BooksDataset, tcfg: TrainConfig, vocab_size: int):
     if sp.get_piece_size() != vocab_size:
         raise DataError(f"The tokenizer {path} has {sp.get_piece_size()} tokens but the model's vocab is {vocab_size}.")
     return sp
+
+
+@torch.no_grad()
+def is_stateful(model: torch.nn.Module, device: torch.device) -> bool:
+    """Whether the model carries a state from batch to batch (its slow evaluation then reads the split once)."""
+    return model.eval()(torch.zeros((1, 1), dtype=torch.long, device=device))[1] is not None
+
+
+def eval_work(dataset: BooksDataset, tcfg: TrainConfig, seq_len: int, steps: int,
+              stateful: bool) -> compute_class.EvalWork:
+    """The evaluation a run of `steps` steps will do with these eval settings, in token positions."""
+    held_out = [s for s in dataset.splits if s != "train"]
+    final = sum(evaluation.fast_positions(dataset.books(s), tcfg.eval_batch_size, seq_len, tcfg.eval_max_batches)
+                + evaluation.slow_positions(dataset.books(s), seq_len, tcfg.slow_eval_max_windows, stateful,
+                                            tcfg.slow_eval, tcfg.slow_eval_last_n)
+                for s in held_out)
+    each = evaluation.fast_positions(dataset.books(progress_split(dataset.splits)), tcfg.eval_batch_size, seq_len,
+                                     eval_every_max_batches(tcfg))
+    return compute_class.EvalWork(each, (steps - 1) // eval_interval(tcfg, steps), final)
+
+
+def cpu_row(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainConfig, device: torch.device,
+            say) -> throughput.ThroughputRow:
+    """This CPU's row for `model` when the project's registry has none: from <out_dir>/throughput.csv, where the
+    first run of the model here keeps the row it timed, so later runs (and resumed ones) get the same steps."""
+    kept = Path(tcfg.out_dir) / "throughput.csv"
+    try:
+        return throughput.lookup(kept, model, throughput.local_device_name(device), tcfg.compile)
+    except throughput.ThroughputNotFoundError:
+        pass
+    say(f"No throughput row for {model} on this CPU: timing {CPU_MEASURE_STEPS} training steps at batch "
+        f"{tcfg.batch_size}...")
+    precision = precision_for(device, tcfg.precision)[2]
+    torch.manual_seed(0)
+    timed = measure.measure_batch_size(model_cls(model_cfg).to(device).train(), model_cfg, tcfg.batch_size, device,
+                                       precision, CPU_MEASURE_STEPS, CPU_MEASURE_WARMUP, tcfg.compile)
+    row = throughput.ThroughputRow(
+        model.project, model.config, model.fingerprint, model.flags, throughput.local_device_name(device),
+        tcfg.batch_size, model_cfg.seq_len, timed.tokens_per_second, None, precision, tcfg.compile, torch.__version__,
+        datetime.date.today().isoformat(), "measured", "fixed batch size; timed by train.py before its run")
+    throughput.append_row(kept, row)
+    say(f"Measured {row.tokens_per_second:,.0f} tokens/s; kept in {throughput.display_path(kept)} for the next runs of "
+        f"this model here. Its compute classes are this machine's time.")
+    return row
+
+
+def budget_of_run(run_dir: Path, steps: int, tok_s: float, row, say) -> tuple:
+    """A resumed run keeps the budget it started with, even if the registry has gained a newer row since."""
+    try:
+        started = json.loads((run_dir / RUN_CONFIG).read_text())
+    except (OSError, ValueError):
+        return steps, tok_s, row
+    if "tokens_per_second" not in started or (started["steps"], started["tokens_per_second"]) == (steps, tok_s):
+        return steps, tok_s, row
+    say(f"Continuing with the budget the run started with: {started['steps']:,} steps at "
+        f"{started['tokens_per_second']:,.0f} tokens/s (the registry now gives {steps:,} steps at {tok_s:,.0f}).")
+    kept = started.get("throughput_row")
+    kept_row = throughput.ThroughputRow(**kept) if kept and "project" in kept else None
+    return started["steps"], started["tokens_per_second"], kept_row
+
+
+def row_record(row: throughput.ThroughputRow | None, tokens_per_second: float | None) -> dict | None:
+    """The throughput a run's budget came from, for results.json: the registry row, or the hand-set value."""
+    if row is not None:
+        return dataclasses.asdict(row)
+    return None if tokens_per_second is None else {"source": "--tokens_per_second",
+                                                   "tokens_per_second": tokens_per_second}
+
+
+def file_fingerprint(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+
+
+def git_state(repo: Path = REPO_ROOT) -> dict:
+    """The commit of the code that runs, and whether the checkout differs from it (None outside git)."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True,
+                              timeout=30).stdout.strip()
+    try:
+        if Path(git("rev-parse", "--show-toplevel")).resolve() != repo.resolve():
+            return {"commit": None, "dirty": None}  # an installed copy inside some other checkout
+        # untracked files count as changes (a new project not yet committed); ignored ones (runs/, data/) do not
+        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def check_values(tcfg: TrainConfig, model_cfg) -> None:
+    """One clear error for values no run can use, before any work (the trainer would fail later, obscurely)."""
+    at_least = {"batch_size": 1, "micro_batches": 1, "eval_batch_size": 1, "log_every": 1, "warmup_steps": 0,
+                "max_steps": 1, "eval_every": 1, "checkpoint_every": 1, "stop_at_step": 1, "eval_max_batches": 1,
+                "slow_eval_max_windows": 1}
+    for name, low in at_least.items():
+        value = getattr(tcfg, name)
+        if value is not None and value < low:
+            raise ValueError(f"--{name} must be at least {low}, got {value}.")
+    for name in ("lr", "grad_clip", "tokens_per_second"):
+        value = getattr(tcfg, name)
+        if value is not None and not value > 0:
+            raise ValueError(f"--{name} must be positive, got {value}.")
+    if not 0 <= tcfg.final_lr_fraction <= 1:
+        raise ValueError(f"--final_lr_fraction must be in [0, 1], got {tcfg.final_lr_fraction}.")
+    for name in ("seq_len", "vocab_size"):
+        if getattr(model_cfg, name) < 1:
+            raise ValueError(f"--{name} must be at least 1, got {getattr(model_cfg, name)}.")
+    if tcfg.max_steps is not None and tcfg.compute_class is not None:
+        raise ValueError("--max_steps and --compute_class are two budgets; give one. To train only the first N "
+                         "steps of a compute class (its schedule unchanged), add --stop_at_step N to the class.")
 
 
 def main(project: str, configs, model_cls, argv: list[str] | None = None) -> dict | None:
@@ -102,7 +263,8 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     class_defaults = dict(configs.COMPUTE_CLASSES.get(cc, {})) if cc else {}
     config_name = args.config or class_defaults.pop("config", None)
     class_defaults.pop("config", None)
-    if args.config is None and device.type == "cpu":
+    cpu_default = args.config is None and device.type == "cpu"
+    if cpu_default:
         config_name, class_defaults = CPU_CONFIG, {}
         train_over.setdefault("reference_hardware", "cpu")
         say(f"No GPU: using the CPU-sized config '{CPU_CONFIG}' with reference hardware 'cpu' (pass --config to choose).")
@@ -110,61 +272,92 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     tcfg = TrainConfig(**{**class_defaults, **train_over})
     if tcfg.compute_class is not None:
         compute_class.compute_class_seconds(tcfg.compute_class)  # a typo fails before any work is done
-    model_cfg = configs.get(config_name, **overrides(args, configs.ModelConfig))
+    model_over = overrides(args, configs.ModelConfig)
+    model_cfg = configs.get(config_name, **model_over)
+    check_values(tcfg, model_cfg)
 
-    dataset, model_cfg = load_data(tcfg, model_cfg, say, ddp)
+    dataset, model_cfg = load_data(tcfg, model_cfg, "vocab_size" in model_over, say, ddp)
     sp = load_tokenizer(dataset, tcfg, model_cfg.vocab_size)
     bytes_per_token = torch.from_numpy(tokenizer.bytes_per_token(sp))
+    tokenizer_file = Path(tcfg.tokenizer) if tcfg.tokenizer else dataset.tokenizer_path()  # load_tokenizer's
 
     local_hw = throughput.local_device_name(device)
-    fwd_flops = None
+    model = throughput.model_spec(project, config_name, model_cfg)
+    fwd_flops = stateful = None
     if ddp.main:
-        fwd_flops = flops.forward_flops(model_cls(model_cfg).to(device), model_cfg.seq_len, model_cfg.vocab_size,
-                                        device)
+        probe = model_cls(model_cfg).to(device)
+        fwd_flops = flops.forward_flops(probe, model_cfg.seq_len, model_cfg.vocab_size, device)
+        stateful = is_stateful(probe, device)
+        del probe
     registry = throughput.registry_path(project)
+    row = None
     if tcfg.max_steps is not None:
         steps = tcfg.max_steps
         tok_s = tcfg.tokens_per_second
         if tok_s is None:
             try:
-                tok_s = throughput.lookup(registry, project, config_name, tcfg.reference_hardware,
-                                          model_cfg.seq_len).tokens_per_second
+                row = throughput.lookup(registry, model, tcfg.reference_hardware, tcfg.compile)
+                tok_s = row.tokens_per_second
             except throughput.ThroughputNotFoundError:
-                tok_s = None  # accelerator time is unknown without a throughput
+                pass  # accelerator time is unknown without a throughput
         say(f"Training {project}/{config_name} for --max_steps {steps} (no compute class).")
     elif tcfg.compute_class is not None:
-        plan = compute_class.plan_training(
-            project, config_name, tcfg.compute_class, tcfg.batch_size, model_cfg.seq_len, registry,
-            tcfg.reference_hardware, tcfg.tokens_per_second, fwd_flops, local_hw, ddp.world_size)
+        def plan_for(row=None):
+            return compute_class.plan_training(
+                model, tcfg.compute_class, tcfg.batch_size, model_cfg.seq_len, registry, tcfg.reference_hardware,
+                tcfg.tokens_per_second, fwd_flops, local_hw, ddp.world_size, compiled=tcfg.compile, row=row)
+
+        try:
+            plan = plan_for()
+        except throughput.ThroughputNotFoundError:
+            # The CPU path's reference is this machine: a model it has no row for (another vocabulary, other
+            # flags) is timed here. Processes would time it differently, so not under torchrun.
+            if not (cpu_default and ddp.world_size == 1 and throughput.hardware_matches(tcfg.reference_hardware,
+                                                                                         local_hw)):
+                raise
+            plan = plan_for(cpu_row(model, model_cls, model_cfg, tcfg, device, say))
+        if ddp.main:
+            plan = dataclasses.replace(plan, evaluation=eval_work(dataset, tcfg, model_cfg.seq_len, plan.steps, stateful))
         say(compute_class.format_plan(plan))
-        steps, tok_s = plan.steps, plan.tokens_per_second
+        if cpu_default and tcfg.compute_class in compute_class.PAPER_COMPUTE_CLASSES:
+            say(f"Note: without a GPU, --compute_class {tcfg.compute_class} means {tcfg.compute_class} of this CPU "
+                f"training the toy config '{CPU_CONFIG}', not the paper's {tcfg.compute_class} class on an RTX 3090. "
+                "For a smoke run of a few minutes use --compute_class 2m; to plan the paper's class, name its "
+                "config (--config small --dry_run true) on the book data it is defined for (vocab 16384).")
+        steps, tok_s, row = plan.steps, plan.tokens_per_second, plan.throughput_row
     else:
         raise ValueError("Give a budget: --compute_class (e.g. 6h, 24h, 15m, 90s) or --max_steps N.")
     if tcfg.dry_run:
         return None
 
-    run_name = tcfg.run_name or (f"{project}_{config_name}_{tcfg.compute_class or f'{steps}steps'}"
-                                 f"_bs{tcfg.batch_size}_seed{tcfg.seed}")
+    run_name = tcfg.run_name or (f"{project}_{config_name}_{dataset.name}-{dataset.fingerprint[:8]}"
+                                 f"_{tcfg.compute_class or f'{steps}steps'}_bs{tcfg.batch_size}_seed{tcfg.seed}")
     run_dir = Path(tcfg.out_dir) / run_name
     resume = run_folder.start_or_continue(run_dir, tcfg.resume, tcfg.overwrite, say, ddp.main)
+    if resume and tcfg.compute_class is not None:
+        steps, tok_s, row = budget_of_run(run_dir, steps, tok_s, row, say)
     finished = run_folder.finished_results(run_dir, dataclasses.asdict(model_cfg), steps) if resume else None
     if finished is not None:
         say(f"{run_dir} is finished (results.json of {finished.get('finished')}): nothing left to train or "
             "evaluate. Train it again with --overwrite true, or another run with --run_name NAME.")
         return finished
     data_check.check_run_data(dataset, say, ddp.rank, ddp.world_size)  # a bad file fails now, not after training
-    if ddp.main:
-        run_dir.mkdir(parents=True, exist_ok=True)
 
+    provenance = {"tokenizer": str(tokenizer_file.resolve()), "tokenizer_fingerprint": file_fingerprint(tokenizer_file),
+                  "git": git_state()}
     peak = flops.device_peak(local_hw)
     trainer = Trainer(project=project, config_name=config_name, model_cfg=model_cfg, model_cls=model_cls,
                       tcfg=tcfg, dataset=dataset, bytes_per_token=bytes_per_token, run_dir=run_dir,
                       total_steps=steps, tokens_per_second=tok_s, reference_hardware=tcfg.reference_hardware,
-                      flops_per_forward=fwd_flops, device=device, ddp=ddp, decode=sp.decode,
-                      resume=resume)
+                      flops_per_forward=fwd_flops, device=device, ddp=ddp, decode=sp.decode, resume=resume,
+                      extra_results={"model_fingerprint": model.fingerprint, "model_flags": model.flags,
+                                     "throughput_row": row_record(row, tcfg.tokens_per_second), **provenance})
     trainer.peak_flops = peak.flops_per_second if peak else None
+    if ddp.main:  # only now: a batch the data cannot fill fails above without leaving an empty run folder
+        run_dir.mkdir(parents=True, exist_ok=True)
     config = {"project": project, "config": config_name, "model": dataclasses.asdict(model_cfg),
-              "train": dataclasses.asdict(tcfg), "steps": steps}
+              "train": dataclasses.asdict(tcfg), "steps": steps, "tokens_per_second": tok_s,
+              "throughput_row": row_record(row, tcfg.tokens_per_second)}
     if ddp.main:  # what scripts/evaluate.py needs to rebuild the model and its data
         write_json(run_dir / RUN_CONFIG, config)
     log = RunLog(run_dir, config, tcfg.wandb, tcfg.wandb_project, tcfg.tensorboard, enabled=ddp.main,

@@ -1,4 +1,4 @@
-"""Command-line flags generated from dataclass fields; booleans are explicit (`--compile true`), never toggles."""
+"""Command-line flags generated from dataclass fields; a boolean flag takes true/false, and alone means true."""
 from __future__ import annotations
 
 import argparse
@@ -21,13 +21,24 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
 
 
-def _parser_for(annotation):
-    """The argparse type of a field annotation such as int, float | None or str."""
+def add_bool_flag(parser, name: str, default: bool, help: str) -> None:
+    """--name true/false; a bare --name means true (so `--dry_run` works as people type it)."""
+    parser.add_argument(name, type=parse_bool, nargs="?", const=True, default=default, metavar="true|false",
+                        help=help)
+
+
+def _field_type(annotation):
+    """(base type, optional) of a field annotation such as int, float | None or str."""
     if isinstance(annotation, str):
         annotation = eval(annotation, vars(typing))  # annotations are strings under `from __future__ import annotations`
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     optional = typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1
-    base = args[0] if optional else annotation
+    return (args[0] if optional else annotation), optional
+
+
+def _parser_for(annotation):
+    """The argparse type of a field annotation such as int, float | None or str."""
+    base, optional = _field_type(annotation)
     convert = parse_bool if base is bool else base
 
     def parse(text: str):
@@ -44,9 +55,11 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls, title: str, show_d
     for f in dataclasses.fields(cls):
         help_text = f.metadata.get("help", "") + (f" (default: {f.default})" if show_defaults else "")
         choices = f.metadata.get("choices")
+        # a bare boolean flag means true; default None still marks "not given" for overrides()
+        bare = {"nargs": "?", "const": True} if _field_type(f.type)[0] is bool else {}
         group.add_argument(f"--{f.name}", type=_parser_for(f.type), default=None, choices=choices,
                            metavar="{" + ",".join(choices) + "}" if choices else f.name.upper(),
-                           help=help_text.lstrip() or None)
+                           help=help_text.lstrip() or None, **bare)
 
 
 def overrides(args: argparse.Namespace, cls) -> dict:

@@ -47,12 +47,14 @@ class TrainConfig:
     warmup_steps: int = arg(200, "linear warm-up steps (warmup_then_cosine: at most a tenth of the run)")
     final_lr_fraction: float = arg(0.01, "cosine decay to this fraction of lr (the paper: 100x)")
     grad_clip: float | None = arg(None, "max gradient norm; None disables clipping")
-    eval_every: int | None = arg(None, "steps between evaluations; None: ten per run")
+    eval_every: int | None = arg(None, "steps between evaluations during training; None: ten per run")
     checkpoint_every: int | None = arg(None, "steps between checkpoints; None: at every evaluation")
     stop_at_step: int | None = arg(None, "save and exit after this step (split a run into several jobs)")
     log_every: int = arg(10, "steps between training log rows")
     eval_batch_size: int = arg(16, "streams per evaluation batch")
     eval_max_batches: int | None = arg(500, "fast eval: up to this many batches per split")
+    eval_every_max_batches: int | None = arg(50, "fast eval during training: up to this many batches (at most "
+                                                 "--eval_max_batches; the final evaluation is the full one)")
     slow_eval_max_windows: int | None = arg(None, "slow eval: cap on windows per split (None: the whole split)")
     slow_eval: str = arg("last_n", "slow eval of stateless models: last_n (the official eval.py, the paper's tables): "
                          "every window, the first too, scores only its last slow_eval_last_n targets; every_target: "
@@ -78,6 +80,22 @@ class TrainConfig:
 
 class NonFiniteLoss(RuntimeError):
     pass
+
+
+def eval_interval(tcfg: TrainConfig, total_steps: int) -> int:
+    """Steps between the evaluations during training: --eval_every, or ten per run."""
+    return tcfg.eval_every or max(total_steps // 10, 1)
+
+
+def progress_split(splits: list[str]) -> str:
+    """The split evaluated during training."""
+    return "valid" if "valid" in splits else "test"
+
+
+def eval_every_max_batches(tcfg: TrainConfig) -> int | None:
+    """The batch cap of the evaluations during training: the smaller of the two caps (None: no cap)."""
+    caps = [c for c in (tcfg.eval_every_max_batches, tcfg.eval_max_batches) if c is not None]
+    return min(caps, default=None)
 
 
 def detach(state):
@@ -212,12 +230,19 @@ class Trainer:
         self.batches = TrainBatches(dataset.books("train"), model_cfg.vocab_size, tcfg.batch_size, self.seq_len,
                                     tcfg.micro_batches, self.ddp.rank, self.ddp.world_size)
         self.states = [None] * tcfg.micro_batches
-        self.evaluator = Evaluator(bytes_per_token, model_cfg.vocab_size, self.seq_len, self.device,
-                                   tcfg.eval_batch_size, tcfg.eval_max_batches, tcfg.slow_eval_max_windows,
-                                   self.autocast, self.ddp.rank, self.ddp.world_size, decode, tcfg.slow_eval,
-                                   tcfg.slow_eval_last_n)
-        self.eval_split = "valid" if "valid" in dataset.splits else "test"
+        def evaluator(max_batches):
+            return Evaluator(bytes_per_token, model_cfg.vocab_size, self.seq_len, self.device, tcfg.eval_batch_size,
+                             max_batches, tcfg.slow_eval_max_windows, self.autocast, self.ddp.rank, self.ddp.world_size,
+                             decode, tcfg.slow_eval, tcfg.slow_eval_last_n)
+
+        self.evaluator = evaluator(tcfg.eval_max_batches)
+        self.progress_evaluator = evaluator(eval_every_max_batches(tcfg))  # the smaller evaluations during training
+        self.eval_split = progress_split(dataset.splits)
         self.step = 0
+        self.train_seconds = 0.0  # wall time of the training steps so far, evaluations and checkpoints apart
+        # wall time over all jobs of the run (kept in checkpoints); _clock is the last accounting while training
+        self.wall_seconds = {"training": 0.0, "evaluation_during_training": 0.0, "final_evaluation": 0.0}
+        self._clock = None
         self.log_rows = None  # rows of log.jsonl when the checkpoint resumed from was saved
         self.keep_previous_checkpoint = True
         if resume:
@@ -237,7 +262,8 @@ class Trainer:
                 "schedulers": [s.state_dict() for s in self.schedulers],
                 "scaler": self.scaler.state_dict() if self.scaler else None,
                 "rng": checkpoint.rng_state(), "step": self.step, "states": self.states,
-                "model_config": dataclasses.asdict(self.model_cfg), "total_steps": self.total_steps}
+                "model_config": dataclasses.asdict(self.model_cfg), "total_steps": self.total_steps,
+                "train_wall_seconds": self.train_seconds, "wall_seconds": dict(self.wall_seconds)}
 
     def _restore(self, ckpt: dict):
         if ckpt["model_config"] != dataclasses.asdict(self.model_cfg) or ckpt["total_steps"] != self.total_steps:
@@ -254,9 +280,19 @@ class Trainer:
             self.scaler.load_state_dict(ckpt["scaler"])
         checkpoint.set_rng_state(ckpt["rng"])
         self.step, self.states, self.log_rows = ckpt["step"], ckpt["states"], ckpt.get("log_rows")
+        self.train_seconds = ckpt.get("train_wall_seconds", 0.0)
+        self.wall_seconds.update(ckpt.get("wall_seconds", {}))
+
+    def _account_wall(self, kind: str) -> None:
+        """Add the wall time since the last accounting to `kind`; nothing while not training."""
+        now = time.perf_counter()
+        if self._clock is not None:
+            self.wall_seconds[kind] += now - self._clock
+        self._clock = now
 
     def save(self, log_rows: int | None = None):
         """Checkpoint the state after the last completed step; log_rows: rows of log.jsonl written by then."""
+        self._account_wall("training")  # the checkpoint holds the time spent until now
         keep = self.keep_previous_checkpoint
         if self.ddp.world_size > 1:
             checkpoint.save_rank_states(self.run_dir, self.ddp.rank, self.step, self.states, keep)
@@ -307,14 +343,16 @@ class Trainer:
     def train(self, log, stop: StopSignals | None = None) -> None:
         """Train to the last step (or --stop_at_step); after a stop signal, to the end of the current step."""
         tcfg, total = self.tcfg, self.total_steps
-        eval_every = tcfg.eval_every or max(total // 10, 1)
+        eval_every = eval_interval(tcfg, total)
         ckpt_every = tcfg.checkpoint_every or eval_every
         last = min(total, tcfg.stop_at_step) if tcfg.stop_at_step else total
         bar = tqdm(total=total, initial=self.step, desc=f"{self.project}/{self.config_name}", unit="step",
                    disable=not self.ddp.main, dynamic_ncols=True)
         prefetch = ThreadPoolExecutor(1)  # batches depend only on the step, so the next one loads meanwhile
         future = prefetch.submit(self.batches, self.step)
-        t_last, step_last = time.perf_counter(), self.step
+        t_mark = time.perf_counter()  # the end of the last step or pause
+        self._clock = t_mark
+        step_logged, seconds_logged = self.step, self.train_seconds
         saved_step = self.step  # the step of the checkpoint on disk (or of the start)
         try:
             while self.step < last:
@@ -329,41 +367,50 @@ class Trainer:
                         f"Loss is {loss} at step {self.step + 1}. Training stopped; the last good checkpoint in "
                         f"{self.run_dir} is kept. Try a lower --lr, --grad_clip 1.0 or --precision bf16/fp32.")
                 self.step += 1
+                self.train_seconds += time.perf_counter() - t_mark
                 bar.update(1)
                 if self.step % tcfg.log_every == 0 or self.step == last:
-                    now = time.perf_counter()
-                    tok_s = (self.step - step_last) * self.tokens_per_step / (now - t_last)
-                    t_last, step_last = now, self.step
+                    tok_s = (self.step - step_logged) * self.tokens_per_step / (self.train_seconds - seconds_logged)
+                    step_logged, seconds_logged = self.step, self.train_seconds
                     row = {"event": "train", **self.position(self.step), "loss": loss,
-                           "lr": self.schedulers[0].get_last_lr()[0], "tokens_per_second_local": tok_s}
+                           "lr": self.schedulers[0].get_last_lr()[0], "tokens_per_second_local": tok_s,
+                           "train_wall_seconds": self.train_seconds}
                     if self.flops_per_forward and getattr(self, "peak_flops", None):
                         row["mfu"] = flops.mfu(self.flops_per_forward, self.seq_len, tok_s, self.peak_flops)
                     log.write(row)
                     bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}",
                                     **({"mfu": f"{row['mfu']:.1%}"} if "mfu" in row else {}))
                 if self.step % eval_every == 0 and self.step < total:
-                    result = self.evaluator.fast(self.model, self.dataset.books(self.eval_split)).as_dict()
+                    self._account_wall("training")
+                    started = time.perf_counter()
+                    result = self.progress_evaluator.fast(self.model, self.dataset.books(self.eval_split)).as_dict()
                     log.write({"event": "eval", **self.position(self.step), "split": self.eval_split,
-                               "mode": "fast", **result})
+                               "mode": "fast", **result, "wall_seconds": time.perf_counter() - started})
                     if self.ddp.main:  # tqdm.write prints even where the bar is disabled
                         bar.write(f"step {self.step}: {self.eval_split} normalised perplexity "
                                   f"{result['normalised_perplexity']:.4f}")
-                    t_last, step_last = time.perf_counter(), self.step  # throughput counts training time only
+                    self._account_wall("evaluation_during_training")
                 if self.step % ckpt_every == 0 or self.step == last:
                     self._checkpoint(log)
                     saved_step = self.step
+                t_mark = time.perf_counter()  # throughput and training time leave out logging, evaluations, checkpoints
             if self.step != saved_step:  # stopped by a signal between checkpoints
                 self._checkpoint(log)
         finally:
             prefetch.shutdown(wait=True)
             bar.close()
+            self._account_wall("training")
+            self._clock = None
 
     def final_evaluation(self, log) -> dict:
         say = print if self.ddp.main else (lambda *a, **k: None)
-        return evaluate_splits(self.evaluator, self.model, self.dataset,
-                               [s for s in self.dataset.splits if s != "train"], self.stateful,
-                               write_row=lambda row: log.write({"event": "eval", **self.position(self.step), **row}),
-                               say=say)
+        start = time.perf_counter()
+        evals = evaluate_splits(self.evaluator, self.model, self.dataset,
+                                [s for s in self.dataset.splits if s != "train"], self.stateful,
+                                write_row=lambda row: log.write({"event": "eval", **self.position(self.step), **row}),
+                                say=say)
+        self.wall_seconds["final_evaluation"] += time.perf_counter() - start
+        return evals
 
     def results(self, evals: dict, compute_class: str | None) -> dict:
         pos = self.position(self.step)
@@ -376,10 +423,13 @@ class Trainer:
             "seq_len": self.seq_len, "steps": self.step, "tokens_seen": pos["tokens"],
             "accelerator_seconds": pos["accelerator_seconds"],
             "accelerator_hours": pos["accelerator_seconds"] / 3600 if pos["accelerator_seconds"] is not None else None,
+            "train_wall_seconds": self.train_seconds,
             "parameters": sum(p.numel() for p in self.model.parameters()),
             "flops_per_forward": fwd,
             "total_flops": flops.train_flops_per_token(fwd, self.seq_len) * pos["tokens"] if fwd else None,
-            "dataset": str(self.dataset.dir), "precision": self.precision,
+            "dataset": str(self.dataset.dir.resolve()), "dataset_name": self.dataset.name,
+            "dataset_fingerprint": self.dataset.fingerprint, "precision": self.precision,
+            "wall_seconds": {**self.wall_seconds, "total": sum(self.wall_seconds.values())},
             "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             **evals, **self.extra_results,
         }

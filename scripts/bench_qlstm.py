@@ -19,7 +19,7 @@ import torch
 
 from torch import nn
 
-from languini.flags import parse_bool
+from languini.flags import add_bool_flag
 from languini.trainer import detach
 from projects.qlstm.configs import ModelConfig
 from projects.qlstm.model import make_cell
@@ -118,7 +118,7 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
                         help="autocast dtype; bf16 on CUDA, fp32 on CPU by default")
-    parser.add_argument("--compile", type=parse_bool, default=False, help="torch.compile the stack (true/false)")
+    add_bool_flag(parser, "--compile", False, "torch.compile the stack")
     parser.add_argument("--device", default=None, help="cuda or cpu; cuda when available")
     args = parser.parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))

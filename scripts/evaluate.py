@@ -105,7 +105,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     model_cls = importlib.import_module(f"projects.{run['project']}.model").Model
     model_cfg = configs.ModelConfig(**ckpt["model_config"])
     tcfg = train_config(run["train"], args)
-    dataset, _ = experiment.load_data(tcfg, model_cfg, say, ddp)
+    dataset, _ = experiment.load_data(tcfg, model_cfg, True, say, ddp)  # the trained model's vocab decides
     splits = args.split or [s for s in dataset.splits if s != "train"]
     for split in splits:
         dataset.books(split)  # an unknown split fails here, before any work, with the splits there are
@@ -113,9 +113,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
 
     model = model_cls(model_cfg).to(device)
     model.load_state_dict(ckpt["model"])
-    model.eval()
-    with torch.no_grad():  # a stateful model returns its state (the trainer knows it from the states it carries)
-        stateful = model(torch.zeros(1, 1, dtype=torch.long, device=device))[1] is not None
+    stateful = experiment.is_stateful(model, device)  # also puts the model in eval mode
     autocast, _, precision = precision_for(device, tcfg.precision)
     evaluator = Evaluator(torch.from_numpy(tokenizer.bytes_per_token(sp)), model_cfg.vocab_size, model_cfg.seq_len,
                           device, tcfg.eval_batch_size, tcfg.eval_max_batches, tcfg.slow_eval_max_windows, autocast,

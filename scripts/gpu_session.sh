@@ -9,10 +9,12 @@
 #
 # Steps (timeouts in seconds) and groups; each line's timeouts sum to under 10 minutes, a common limit per command:
 #   env (45) tests (390; 8 processes with pytest-xdist where it is installed)
-#   throughput = throughput_gpt (90) throughput_qlstm (90) throughput_lram_gpt (120) throughput_pkm_gpt (100)
+#   throughput = throughput_gpt (90) throughput_qlstm (90) throughput_lram_gpt (210) throughput_pkm_gpt (190)
 #   bench      = bench_qlstm (150) bench_memory_bf16 (200) bench_memory_fp32 (200)
 #   train      = train_gpt (100) train_qlstm (120) train_lram_gpt (100) train_pkm_gpt (100)
 # Throughput rows are appended to copies of the registries in $OUT/throughput/<project>.csv, not to projects/.
+# The memory layers, which have no published rows, also get a row derived for the paper's RTX 3090 by ratio to
+# GPT small measured in the same step (measure_throughput.py --derive).
 # Training runs (200 steps of the small config at batch 16) write to a scratch folder; their logs and results
 # (not the checkpoints) are copied to $OUT/runs. They read DATA_ROOT with VOCAB_SIZE when both are set (a
 # prepared book corpus), else the embedded default corpus, which the first one builds in data/default_corpus.
@@ -54,11 +56,13 @@ kernel_tests() {  # compiling the kernels takes most of the time and runs on the
         "${parallel[@]}" -q -p no:cacheprovider --durations=15 --junitxml="$OUT/tests.xml"
 }
 
-throughput_sweep() {  # project; the largest batch tried is that of the small compute classes
+throughput_sweep() {  # project [more flags]; the largest batch tried is that of the small compute classes
+    local project=$1
+    shift
     mkdir -p "$OUT/throughput"
-    cp "projects/$1/throughput.csv" "$OUT/throughput/$1.csv" &&
-        python scripts/measure_throughput.py "$1" small --sweep --max_batch_size 128 --steps 10 --warmup 3 \
-            --registry "$OUT/throughput/$1.csv"
+    cp "projects/$project/throughput.csv" "$OUT/throughput/$project.csv" &&
+        python scripts/measure_throughput.py "$project" small --sweep --max_batch_size 128 --steps 10 --warmup 3 \
+            --registry "$OUT/throughput/$project.csv" "$@"
 }
 
 bench_qlstm() {
@@ -93,8 +97,8 @@ declare -A STEPS=(
     [tests]="390 kernel_tests"
     [throughput_gpt]="90 throughput_sweep gpt"
     [throughput_qlstm]="90 throughput_sweep qlstm"
-    [throughput_lram_gpt]="120 throughput_sweep lram_gpt"
-    [throughput_pkm_gpt]="100 throughput_sweep pkm_gpt"
+    [throughput_lram_gpt]="210 throughput_sweep lram_gpt --derive 'RTX 3090' --baseline gpt:small"
+    [throughput_pkm_gpt]="190 throughput_sweep pkm_gpt --derive 'RTX 3090' --baseline gpt:small"
     [bench_qlstm]="150 bench_qlstm"
     [bench_memory_bf16]="200 bench_memory_layers bf16"
     [bench_memory_fp32]="200 bench_memory_layers fp32"

@@ -1,133 +1,65 @@
-"""Measure a model config's training throughput and append it to the project's registry.
+"""Measure a model's training throughput: a registry row for compute classes.
 
-    python scripts/measure_throughput.py gpt small --sweep          # best over batch sizes
-    python scripts/measure_throughput.py gpt small --batch_size 32  # one batch size
+    python scripts/measure_throughput.py gpt small --sweep                  # best over batch sizes
+    python scripts/measure_throughput.py gpt small --batch_size 32          # one batch size
+    python scripts/measure_throughput.py gpt cpu --vocab_size 16384 --sweep --registry projects/gpt/throughput.csv
+    python scripts/measure_throughput.py lram_gpt small --sweep --derive "RTX 3090" --baseline gpt:small
 
-Times full training steps of an untrained model on random tokens (forward, backward,
-Adam step, mixed precision), reports the median tokens/s after warm-up and the peak
-memory, prints forward FLOPs at batch 1 and MFU, and appends a `measured` row to
-projects/<project>/throughput.csv (or --registry). One accelerator only, as in the
-Languini paper; on CPU it works for tiny configs and labels the row `cpu`.
+Takes the model flags of the project's train.py (each overrides that field of the named config), so the
+row is of the model a run trains; the row records the model's fingerprint and those flags. Times full
+training steps of an untrained model on random tokens (forward, backward, Adam step, mixed precision),
+reports the median tokens/s after warm-up and the peak memory, prints forward FLOPs at batch 1 and MFU.
+With --registry the `measured` row is appended to that CSV (projects/<project>/throughput.csv is the one
+training reads); without it the row is printed, to be added by hand once checked.
+
+--derive HARDWARE --baseline PROJECT:CONFIG gives a row for hardware one does not have: it measures the
+baseline too, in the same run on the same device, and derives this model's row on HARDWARE as the
+baseline's published row there times the ratio of the two measured throughputs (source `derived`, the
+note names its sources). One accelerator only, as in the Languini paper; on CPU it works for tiny
+configs and labels the row `cpu`.
 """
 
 import argparse
 import dataclasses
 import datetime
-import gc
 import importlib
 import importlib.metadata
 import shlex
-import statistics
 import sys
-import time
-from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from languini import flops, throughput
-from languini.flags import parse_bool
-from languini.trainer import build_optimizers, detach, precision_for, step_optimizers
+from languini.flags import add_dataclass_flags, overrides, parse_bool
+from languini.measure import Measurement, measure_batch_size
+from languini.trainer import precision_for
 
 MIN_TIMED_STEPS = 10
-LEARNING_RATE = 6e-4  # the paper's GPT learning rate; the step time does not depend on it
 
 
-@dataclass(frozen=True)
-class Measurement:
-    batch_size: int
-    tokens_per_second: float | None  # None: out of memory
-    step_seconds: float | None
-    peak_memory_gib: float | None  # None on CPU or out of memory
+def load_configs(project: str):
+    """projects/<project>/configs.py, or SystemExit naming what is missing."""
+    return _import(project, "configs")
 
 
-def load_project(project: str, config: str, seq_len: int | None = None):
-    """The project's Model class and the named config (with seq_len replaced if given)."""
-    modules = []
-    for name in ("configs", "model"):
-        module_name = f"projects.{project}.{name}"
-        try:
-            modules.append(importlib.import_module(module_name))
-        except ModuleNotFoundError as error:
-            if error.name not in (module_name, f"projects.{project}"):
-                raise
-            raise SystemExit(f"no module {module_name}: is {project!r} a project under projects/?") from error
-    configs, model_module = modules
+def _import(project: str, name: str):
+    module_name = f"projects.{project}.{name}"
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name not in (module_name, f"projects.{project}"):
+            raise
+        raise SystemExit(f"no module {module_name}: is {project!r} a project under projects/?") from error
+
+
+def load_project(project: str, config: str, model_overrides: dict | None = None):
+    """The project's Model class, the model config (the named one with `model_overrides`) and its ModelSpec."""
+    configs = load_configs(project)
+    model_module = _import(project, "model")
     if config not in configs.SIZES:
         raise SystemExit(f"{project} has no config {config!r}; choose one of {sorted(configs.SIZES)}")
-    model_config = configs.SIZES[config]
-    if seq_len is not None:
-        model_config = dataclasses.replace(model_config, seq_len=seq_len)
-    return model_module.Model, model_config
-
-
-def measure_batch_size(
-    model: torch.nn.Module,
-    model_config,
-    batch_size: int,
-    device: torch.device,
-    precision: str,
-    steps: int,
-    warmup: int,
-    compile_model: bool,
-) -> Measurement:
-    """Median time of `steps` training steps after `warmup` untimed ones; tokens/s None on OOM."""
-    optimizers, _ = build_optimizers(model, LEARNING_RATE, device)  # the trainer's optimisers and step
-    autocast, scaler, _ = precision_for(device, precision)  # the trainer's mixed precision
-    if compile_model:
-        torch._dynamo.reset()  # a fresh graph per batch size; the recompile limit would otherwise fall back to eager
-    forward = torch.compile(model) if compile_model else model
-    is_cuda = device.type == "cuda"
-    if is_cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-
-    def train_step(state):
-        for optimizer in optimizers:
-            optimizer.zero_grad(set_to_none=True)
-        with autocast():
-            logits, state = forward(inputs, state)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-        (loss if scaler is None else scaler.scale(loss)).backward()
-        step_optimizers(optimizers, scaler)
-        return detach(state)
-
-    durations = []
-    try:
-        tokens = torch.randint(model_config.vocab_size, (batch_size, model_config.seq_len + 1), device=device)
-        inputs, targets = tokens[:, :-1], tokens[:, 1:]
-        state = None
-        for _ in range(warmup):
-            state = train_step(state)
-        if is_cuda:
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
-            for start, end in events:
-                start.record()
-                state = train_step(state)
-                end.record()
-            torch.cuda.synchronize(device)
-            durations = [start.elapsed_time(end) / 1000 for start, end in events]
-        else:
-            for _ in range(steps):
-                started = time.perf_counter()
-                state = train_step(state)
-                durations.append(time.perf_counter() - started)
-    except RuntimeError as error:  # cuBLAS and compiled graphs report OOM as plain RuntimeErrors
-        if not isinstance(error, torch.cuda.OutOfMemoryError) and "out of memory" not in str(error).lower():
-            raise
-        durations = []
-    # Free this batch size's activations, gradients and Adam state before the next one.
-    model.zero_grad(set_to_none=True)
-    optimizers = scaler = forward = None
-    state = inputs = targets = tokens = None
-    gc.collect()
-    if not durations:
-        torch.cuda.empty_cache()
-        return Measurement(batch_size, None, None, None)
-    peak_memory_gib = torch.cuda.max_memory_allocated(device) / 2**30 if is_cuda else None
-    if is_cuda:
-        torch.cuda.empty_cache()
-    step_seconds = statistics.median(durations)
-    return Measurement(batch_size, batch_size * model_config.seq_len / step_seconds, step_seconds, peak_memory_gib)
+    model_config = dataclasses.replace(configs.SIZES[config], **(model_overrides or {}))
+    return model_module.Model, model_config, throughput.model_spec(project, config, model_config)
 
 
 def sweep_batch_sizes(measure, max_batch_size: int, stop_when_slower: bool) -> list[Measurement]:
@@ -166,23 +98,42 @@ def format_measurement(m: Measurement) -> str:
     return f"{m.batch_size:>10}  {m.tokens_per_second:>12,.0f}  {m.step_seconds * 1000:>9.1f}  {memory:>9}"
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("project", help="package name under projects/, e.g. gpt")
-    parser.add_argument("config", help="a name in the project's configs.SIZES, e.g. small")
-    batch = parser.add_mutually_exclusive_group(required=True)
+def build_parser(configs=None, first_pass: bool = False) -> argparse.ArgumentParser:
+    """The script's flags and, given a project's configs module, its model flags as train.py has them.
+
+    The first pass only finds the project (whose model flags are not known yet).
+    """
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     add_help=not first_pass)
+    optional = {"nargs": "?"} if first_pass else {}
+    parser.add_argument("project", help="package name under projects/, e.g. gpt", **optional)
+    parser.add_argument("config", help="a name in the project's configs.SIZES, e.g. small", **optional)
+    batch = parser.add_mutually_exclusive_group(required=not first_pass)
     batch.add_argument("--batch_size", type=int, help="measure this batch size only")
     batch.add_argument("--sweep", action="store_true", help="grow the batch until out of memory and keep the best")
-    parser.add_argument("--registry", help="registry CSV to append to (default: projects/<project>/throughput.csv)")
+    parser.add_argument("--registry", help="registry CSV to append the row to (training reads "
+                                           "projects/<project>/throughput.csv); without it the row is printed")
     parser.add_argument("--steps", type=int, default=20, help=f"timed steps, at least {MIN_TIMED_STEPS} (default 20)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps before timing (default 5)")
-    parser.add_argument("--seq_len", type=int, help="override the config's sequence length")
     parser.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
                         help="auto: bf16 autocast where supported, fp16 + loss scaling on older GPUs, fp32 on CPU")
     parser.add_argument("--compile", type=parse_bool, default=False, help="time the torch.compile'd model (true/false)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--max_batch_size", type=int, default=4096, help="largest batch size the sweep tries")
-    parser.add_argument("--save", type=parse_bool, default=True, help="append the result to the registry (true/false)")
+    parser.add_argument("--derive", metavar="HARDWARE",
+                        help="also derive a row for this reference hardware by ratio to --baseline (e.g. 'RTX 3090')")
+    parser.add_argument("--baseline", metavar="PROJECT:CONFIG",
+                        help="with --derive: an unmodified config with a row on that hardware, e.g. gpt:small")
+    if configs is not None:
+        add_dataclass_flags(parser, configs.ModelConfig, "model (each overrides that field of the config, as in "
+                            "the project's train.py)", show_defaults=False)
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    # The model flags depend on the project, so the project is read first.
+    known, _ = build_parser(first_pass=True).parse_known_args(argv)
+    parser = build_parser(load_configs(known.project) if known.project else None)
     args = parser.parse_args(argv)
     if args.steps < MIN_TIMED_STEPS:
         parser.error(f"--steps must be at least {MIN_TIMED_STEPS} so the median is stable")
@@ -190,6 +141,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--warmup must be at least 1 (the first step allocates and autotunes)")
     if args.batch_size is not None and args.batch_size < 1:
         parser.error("--batch_size must be positive")
+    if (args.derive is None) != (args.baseline is None):
+        parser.error("--derive and --baseline go together: --derive 'RTX 3090' --baseline gpt:small")
+    if args.baseline is not None and args.baseline.count(":") != 1:
+        parser.error(f"--baseline is PROJECT:CONFIG, e.g. gpt:small; got {args.baseline!r}")
     return args
 
 
@@ -214,22 +169,20 @@ def refuse_multiple_gpus(device: torch.device) -> None:
         )
 
 
-def main(argv=None) -> throughput.ThroughputRow:
-    args = parse_args(argv)
-    device = torch.device(args.device)
-    refuse_multiple_gpus(device)
-    try:
-        precision = precision_for(device, args.precision)[2]
-    except ValueError as error:
-        raise SystemExit(str(error)) from error
-    model_class, model_config = load_project(args.project, args.config, args.seq_len)
+def measure_model(project: str, config: str, model_overrides: dict, args: argparse.Namespace,
+                  device: torch.device, precision: str):
+    """Time one model at one batch size or over the sweep; prints its table, FLOPs and MFU.
+
+    Returns its ModelSpec, its sequence length, the best Measurement and how many batch sizes fitted.
+    """
+    model_class, model_config, spec = load_project(project, config, model_overrides)
     torch.manual_seed(0)
     model = model_class(model_config).to(device).train()
     hardware = throughput.local_device_name(device)
     seq_len = model_config.seq_len
     flops_per_forward = flops.forward_flops(model, seq_len, model_config.vocab_size, device)
 
-    print(f"{args.project} {args.config} on {hardware}: seq_len {seq_len}, {precision}, "
+    print(f"{spec} on {hardware}: seq_len {seq_len}, {precision}, "
           f"{'compiled' if args.compile else 'eager'}, torch {torch.__version__}; "
           f"median of {args.steps} steps after {args.warmup} warm-up steps")
     print(f"{'batch size':>10}  {'tokens/s':>12}  {'step ms':>9}  {'peak GiB':>9}")
@@ -257,10 +210,38 @@ def main(argv=None) -> throughput.ThroughputRow:
         value = flops.mfu(flops_per_forward, seq_len, best.tokens_per_second, peak.flops_per_second)
         utilisation = f"MFU {value:.1%} of {peak.flops_per_second / 1e12:g} TFLOP/s ({peak.precision} {peak.source})"
     print(f"forward FLOPs at batch 1: {flops_per_forward:,} ({flops_per_forward / 1e9:.3f} GFLOPs); {utilisation}")
+    return spec, seq_len, best, len(fitted)
 
+
+def baseline_reference(args: argparse.Namespace) -> throughput.ThroughputRow:
+    """The --baseline's row on the --derive hardware; SystemExit when it has none."""
+    project, config = args.baseline.split(":")
+    load_project(project, config)  # a wrong name fails here, before anything is timed
+    try:
+        return throughput.lookup(throughput.registry_path(project), throughput.model_spec(project, config),
+                                 args.derive, args.compile)
+    except (throughput.ThroughputNotFoundError, ValueError) as error:
+        raise SystemExit(f"--baseline {args.baseline} cannot anchor --derive {args.derive!r}: {error}") from error
+
+
+def main(argv=None) -> list[throughput.ThroughputRow]:
+    """Measure, derive if asked, and append the rows to --registry (else print them); returns the rows."""
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    refuse_multiple_gpus(device)
+    try:
+        precision = precision_for(device, args.precision)[2]
+    except ValueError as error:
+        raise SystemExit(str(error)) from error
+    reference = baseline_reference(args) if args.derive else None
+    model_overrides = overrides(args, load_configs(args.project).ModelConfig)
+    spec, seq_len, best, n_fitted = measure_model(args.project, args.config, model_overrides, args, device, precision)
+    hardware = throughput.local_device_name(device)
     row = throughput.ThroughputRow(
         project=args.project,
         config=args.config,
+        model_fingerprint=spec.fingerprint,
+        model_flags=spec.flags,
         hardware=hardware,
         batch_size=best.batch_size,
         seq_len=seq_len,
@@ -271,13 +252,32 @@ def main(argv=None) -> throughput.ThroughputRow:
         torch_version=torch.__version__,
         date=datetime.date.today().isoformat(),
         source="measured",
-        note=run_note(args, len(fitted), argv),
+        note=run_note(args, n_fitted, argv),
     )
-    if args.save:
-        registry = args.registry or throughput.registry_path(args.project)
-        throughput.append_row(registry, row)
-        print(f"appended to {registry}")
-    return row
+    rows = [row]
+    if reference is not None:
+        base_project, base_config = args.baseline.split(":")
+        print()
+        _, _, base, _ = measure_model(base_project, base_config, {}, args, device, precision)
+        ratio = best.tokens_per_second / base.tokens_per_second
+        derived = dataclasses.replace(
+            row, hardware=reference.hardware, tokens_per_second=reference.tokens_per_second * ratio,
+            peak_memory_gib=None, source="derived",
+            note=f"derived: {reference.tokens_per_second:,.0f} tokens/s of {base_project} {base_config} "
+                 f"({reference.source}, {reference.hardware}) x {ratio:.4f} = {best.tokens_per_second:,.0f} / "
+                 f"{base.tokens_per_second:,.0f} tokens/s of this model / {base_project} {base_config}, both "
+                 f"measured in this run on {hardware}; {run_note(args, n_fitted, argv)}")
+        print(f"\nderived for {reference.hardware}: {reference.tokens_per_second:,.0f} x {ratio:.4f} = "
+              f"{derived.tokens_per_second:,.0f} tokens/s (assumes the ratio measured on {hardware} holds there)")
+        rows.append(derived)
+    if args.registry:
+        for new in rows:
+            throughput.append_row(args.registry, new)
+        print(f"appended {len(rows)} row{'s' if len(rows) > 1 else ''} to {args.registry}")
+    else:
+        print(f"\nNot saved (no --registry). Training reads {throughput.display_path(throughput.registry_path(args.project))}; "
+              f"once checked, add to it:\n{throughput.csv_text(rows, header=False)}", end="")
+    return rows
 
 
 if __name__ == "__main__":

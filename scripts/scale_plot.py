@@ -12,11 +12,19 @@ keep the best run per project and compute class (unless --all_runs), and fit per
 
 This is the convention of the paper's legends: fitting Table 6 this way gives slope -0.082
 and intercept 2.406 over accelerator hours, as printed in Figures 9a and 10a. The table
-also lists the log-log exponent d ln(ppl) / d ln(x), the power law's exponent.
+also lists the log-log exponent d ln(ppl) / d ln(x), the power law's exponent, and flags a
+fit whose perplexity rises with compute.
+
+Only comparable runs are fitted together: the same dataset (its fingerprint), tokenizer, reference
+hardware and evaluation (mode, split and the number of tokens scored, which a cap on the evaluation
+changes). Runs trained for --max_steps (no compute class) are left out unless --with_max_steps true,
+and a copied run (the same results.json twice) counts once. When the runs form several such groups,
+nothing is fitted: the groups are listed with what differs, and --group N picks one.
 """
 
 import argparse
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,10 +33,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 (the backend must be chosen first)
 import numpy as np  # noqa: E402
-from matplotlib.ticker import NullFormatter  # noqa: E402
+from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator  # noqa: E402
 
 from languini.compute_class import PAPER_COMPUTE_CLASSES, compute_class_seconds  # noqa: E402
-from languini.flags import parse_bool  # noqa: E402
+from languini.flags import add_bool_flag  # noqa: E402
+from languini.throughput import normalise_hardware  # noqa: E402
+
+# What must be equal for two runs to be fitted together; the parts of a Point's `comparable` and `labels`.
+COMPARED = ("dataset", "tokenizer", "reference hardware", "evaluation")
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,12 @@ class Point:
     accelerator_seconds: float
     total_flops: float | None
     normalised_perplexity: float
+    comparable: tuple = ()  # one value per COMPARED part: equal tuples, comparable runs
+    labels: tuple = ()  # the same parts in words
+
+    @property
+    def accelerator_hours(self) -> float:
+        return self.accelerator_seconds / 3600
 
 
 @dataclass(frozen=True)
@@ -49,6 +67,11 @@ class Fit:
     slope: float
     intercept: float
     loglog_exponent: float
+
+    @property
+    def rising(self) -> bool:
+        """Perplexity growing with compute: the runs are not what a fit assumes (mixed or broken runs)."""
+        return self.slope > 0
 
     def predict(self, x):
         return self.intercept + self.slope * np.log(x)
@@ -69,16 +92,70 @@ def find_runs(paths: list[str]) -> list[Path]:
     return runs
 
 
-def load_points(runs: list[Path], mode: str, split: str) -> tuple[list[Point], list[str]]:
-    """One point per run with a `mode` eval on `split`; and why the other runs were skipped."""
-    points, skipped = [], []
+def evaluation_caps(train: dict | None, mode: str) -> str:
+    """The caps a run's `mode` evaluation ran under, in words."""
+    if train is None:
+        return "caps not recorded"
+    if mode == "slow":
+        cap = train.get("slow_eval_max_windows")
+        return "all windows" if cap is None else f"at most {cap} windows"
+    cap = train.get("eval_max_batches")
+    return f"{'all' if cap is None else f'at most {cap}'} batches of {train.get('eval_batch_size')} streams"
+
+
+def comparability(results: dict, mode: str, split: str) -> tuple[tuple, tuple]:
+    """(key, labels) of a run over COMPARED; runs written before fingerprints were recorded are keyed by
+    their dataset path (so runs of unknown datasets are never fitted with fingerprinted ones)."""
+    fingerprint = results.get("dataset_fingerprint")
+    dataset = results.get("dataset")
+    if fingerprint:
+        dataset_key, dataset_label = fingerprint, f"{results.get('dataset_name')} (fingerprint {fingerprint})"
+    else:
+        dataset_key, dataset_label = dataset, f"{dataset} (no fingerprint recorded)"
+    vocab = (results.get("model_config") or {}).get("vocab_size")
+    tokenizer = results.get("tokenizer_fingerprint")
+    tokenizer_label = f"{vocab} tokens" + (f" (model {tokenizer})" if tokenizer else "")
+    hardware = results.get("reference_hardware") or "unknown"
+    try:
+        name = normalise_hardware(hardware)
+        hardware_key = (name.model, name.memory_gb)  # "RTX 3090" = "NVIDIA GeForce RTX 3090"
+    except ValueError:
+        hardware_key = hardware
+    row = results["eval"][mode][split]
+    scored = row.get("scored_tokens")
+    caps = evaluation_caps(results.get("train_config"), mode)
+    # slow rows that name their protocol (how windows move, which targets they score) are keyed by it too
+    protocol = tuple(row.get(k) for k in ("protocol", "window", "last_n"))
+    protocol_label = f", protocol {protocol[0]} (window {protocol[1]}, last {protocol[2]})" if protocol[0] else ""
+    evaluation_label = (f"{mode} eval on {split}" + (f", {scored:,} tokens scored" if scored is not None else "")
+                        + f"{protocol_label} ({caps})")
+    return ((dataset_key, (vocab, tokenizer), hardware_key, (mode, split, scored, protocol)),
+            (dataset_label, tokenizer_label, hardware, evaluation_label))
+
+
+def load_points(runs: list[Path], mode: str, split: str, with_max_steps: bool = False) -> tuple[list[Point], list[str]]:
+    """One point per run with a `mode` eval on `split`; and why the other runs were skipped (runs without a
+    compute class unless with_max_steps; second copies of a run)."""
+    points, skipped, seen = [], [], {}
     for run in runs:
         results = json.loads((run / "results.json").read_text())
         evaluation = (results.get("eval") or {}).get(mode, {}).get(split)
-        if evaluation is None or results.get("accelerator_seconds") is None:
+        if evaluation is None:
             available = {m: sorted(s) for m, s in (results.get("eval") or {}).items()}
-            skipped.append(f"{run}: no {mode} eval on {split!r} or no accelerator_seconds (has {available})")
+            skipped.append(f"{run}: no {mode} eval on {split!r} (has {available})")
             continue
+        if results.get("accelerator_seconds") is None:
+            skipped.append(f"{run}: no accelerator_seconds (trained without a reference throughput)")
+            continue
+        if results.get("compute_class") is None and not with_max_steps:
+            skipped.append(f"{run}: trained for --max_steps, not a compute class (--with_max_steps true fits it)")
+            continue
+        content = json.dumps(results, sort_keys=True)
+        if content in seen:
+            skipped.append(f"{run}: a copy of {seen[content]} (the same results.json), counted once")
+            continue
+        seen[content] = run
+        key, labels = comparability(results, mode, split)
         points.append(Point(
             project=results["project"],
             run=str(run),
@@ -86,8 +163,31 @@ def load_points(runs: list[Path], mode: str, split: str) -> tuple[list[Point], l
             accelerator_seconds=float(results["accelerator_seconds"]),
             total_flops=results.get("total_flops"),
             normalised_perplexity=float(evaluation["normalised_perplexity"]),
+            comparable=key,
+            labels=labels,
         ))
     return points, skipped
+
+
+def comparable_groups(points: list[Point]) -> list[list[Point]]:
+    """Points split by their comparability key, the largest group first."""
+    groups = {}
+    for point in points:
+        groups.setdefault(point.comparable, []).append(point)
+    return sorted(groups.values(), key=lambda g: (-len(g), g[0].labels))
+
+
+def describe_groups(groups: list[list[Point]]) -> str:
+    """Why the groups cannot be fitted together: the parts that differ, then each group and its runs."""
+    differ = [part for i, part in enumerate(COMPARED) if len({g[0].comparable[i] for g in groups}) > 1]
+    lines = [f"These runs form {len(groups)} groups that cannot be fitted together; they differ in "
+             f"{', '.join(differ)}:"]
+    for number, group in enumerate(groups, start=1):
+        parts = "; ".join(f"{part} {label}" for part, label in zip(COMPARED, group[0].labels))
+        lines.append(f"  group {number} ({len(group)} run{'s' if len(group) > 1 else ''}): {parts}")
+        lines.append(f"      {', '.join(p.run for p in group)}")
+    lines.append("Fit one group with --group N, or pass only its run folders.")
+    return "\n".join(lines)
 
 
 def best_per_class(points: list[Point]) -> list[Point]:
@@ -114,7 +214,7 @@ def fit_projects(points: list[Point]) -> list[Fit]:
     fits = []
     for project in sorted({p.project for p in points}):
         mine = [p for p in points if p.project == project]
-        hours = [p.accelerator_seconds / 3600 for p in mine]
+        hours = [p.accelerator_hours for p in mine]
         fits.append(fit_log_law(project, "accelerator hours", hours, [p.normalised_perplexity for p in mine]))
         with_flops = [p for p in mine if p.total_flops]
         fits.append(fit_log_law(project, "total FLOPs", [p.total_flops for p in with_flops],
@@ -122,20 +222,55 @@ def fit_projects(points: list[Point]) -> list[Fit]:
     return [fit for fit in fits if fit is not None]
 
 
+RISING = "RISING: perplexity grows with compute; check the runs"
+
+
 def format_fits(fits: list[Fit]) -> str:
     header = f"{'project':<12} {'x':<18} {'runs':>4} {'slope':>9} {'intercept':>10} {'log-log exponent':>17}"
     rows = [f"{f.project:<12} {f.axis:<18} {f.runs:>4} {f.slope:>9.4f} {f.intercept:>10.4f} {f.loglog_exponent:>17.4f}"
-            for f in fits]
+            + (f"  {RISING}" if f.rising else "") for f in fits]
     return "\n".join([header, *rows])
 
 
-def compute_class_lines(axis, classes: set[str]) -> None:
-    """Dashed vertical lines at the paper's classes inside the axis range and at the runs' own classes."""
+TICK_MANTISSAS = ((1, 2, 5), (1, 1.5, 2, 3, 5, 7))
+
+
+def readable_log_axis(axis, low: float, high: float, label) -> None:
+    """A log x axis around [low, high], at least a factor of 4 wide (also for runs of one class), with ticks
+    at 1, 2, 5 x 10^k (finer when that gives fewer than three) labelled by label(value)."""
+    centre = math.sqrt(low * high)
+    start, end = min(low / 1.5, centre / 2), max(high * 1.5, centre * 2)
+    axis.set_xscale("log")
+    axis.set_xlim(start, end)
+    decades = range(math.floor(math.log10(start)), math.ceil(math.log10(end)) + 1)
+    for mantissas in TICK_MANTISSAS:
+        ticks = [m * 10.0 ** k for k in decades for m in mantissas if start <= m * 10.0 ** k <= end]
+        if len(ticks) >= 3:
+            break
+    if len(ticks) > 12:  # many decades: one tick each
+        ticks = [10.0 ** k for k in decades if start <= 10.0 ** k <= end]
+    axis.xaxis.set_major_locator(FixedLocator(ticks))
+    axis.xaxis.set_major_formatter(lambda value, _: label(value))
+    axis.xaxis.set_minor_locator(NullLocator())
+    axis.xaxis.set_minor_formatter(NullFormatter())
+
+
+def hours_label(hours: float) -> str:
+    return f"{hours:g}"
+
+
+def flops_label(value: float) -> str:
+    mantissa, exponent = f"{value:.1e}".split("e")
+    return f"{float(mantissa):g}e{int(exponent)}"
+
+
+def compute_class_lines(axis, classes: set[str], unit_seconds: float = 1.0) -> None:
+    """Dashed vertical lines at the paper's classes inside the axis range and at the runs' own classes, on an
+    axis in units of unit_seconds (3600: hours)."""
     low, high = axis.get_xlim()
-    seconds = {name: compute_class_seconds(name) for name in classes}
-    seconds.update({name: compute_class_seconds(name) for name in PAPER_COMPUTE_CLASSES
-                    if low <= compute_class_seconds(name) <= high})
-    for name, value in sorted(seconds.items(), key=lambda item: item[1]):
+    at = {name: compute_class_seconds(name) / unit_seconds for name in (*classes, *PAPER_COMPUTE_CLASSES)}
+    shown = {name: value for name, value in at.items() if name in classes or low <= value <= high}
+    for name, value in sorted(shown.items(), key=lambda item: item[1]):
         axis.axvline(value, color="grey", linestyle="--", linewidth=0.8)
         axis.annotate(name, (value, 1), xycoords=("data", "axes fraction"), xytext=(2, -10),
                       textcoords="offset points", fontsize=7, color="grey")
@@ -144,29 +279,28 @@ def compute_class_lines(axis, classes: set[str]) -> None:
 def plot_scaling(points: list[Point], fits: list[Fit], out: Path, title: str) -> None:
     figure, (time_axis, flops_axis) = plt.subplots(2, 1, figsize=(7, 9))
     colours = dict(zip(sorted({p.project for p in points}), plt.rcParams["axes.prop_cycle"].by_key()["color"] * 10))
-    for axis, axis_name, value in ((time_axis, "accelerator hours", lambda p: p.accelerator_seconds),
-                                   (flops_axis, "total FLOPs", lambda p: p.total_flops)):
+    for axis, axis_name, value, label in (
+            (time_axis, "accelerator hours", lambda p: p.accelerator_hours, hours_label),
+            (flops_axis, "total FLOPs", lambda p: p.total_flops, flops_label)):
         shown = [p for p in points if value(p)]
         for project, colour in colours.items():
             mine = [p for p in shown if p.project == project]
             axis.scatter([value(p) for p in mine], [p.normalised_perplexity for p in mine], color=colour,
                          label=None if any(f.project == project and f.axis == axis_name for f in fits) else project)
-        axis.set_xscale("log")
-        axis.xaxis.set_minor_formatter(NullFormatter())  # minor labels overlap on short ranges
         if shown:
-            low, high = min(map(value, shown)), max(map(value, shown))
-            grid = np.geomspace(low / 1.5, high * 1.5, 100)
+            readable_log_axis(axis, min(map(value, shown)), max(map(value, shown)), label)
+            grid = np.geomspace(*axis.get_xlim(), 100)
             for fit in (f for f in fits if f.axis == axis_name):
-                x = grid / 3600 if axis_name == "accelerator hours" else grid
-                axis.plot(grid, fit.predict(x), color=colours[fit.project],
-                          label=f"{fit.project}: slope {fit.slope:.3f} intercept {fit.intercept:.3f}")
+                axis.plot(grid, fit.predict(grid), color=colours[fit.project],
+                          label=f"{fit.project}: slope {fit.slope:.3f} intercept {fit.intercept:.3f}"
+                                + (" (RISING)" if fit.rising else ""))
         axis.set_ylabel("normalised perplexity")
         if axis.get_legend_handles_labels()[0]:  # the FLOPs panel is empty when no run knows its FLOPs
             axis.legend(fontsize=8)
         axis.grid(True, which="both", alpha=0.3)
-    time_axis.set_xlabel("accelerator seconds (reference hardware)")
+    time_axis.set_xlabel(f"accelerator hours on the reference hardware ({points[0].labels[2]})")
     time_axis.set_title(f"{title}\nfit: ppl = intercept + slope * ln(accelerator hours)", fontsize=9)
-    compute_class_lines(time_axis, {p.compute_class for p in points if p.compute_class})
+    compute_class_lines(time_axis, {p.compute_class for p in points if p.compute_class}, unit_seconds=3600)
     flops_axis.set_xlabel("total FLOPs (3 x forward)")
     flops_axis.set_title("fit: ppl = intercept + slope * ln(FLOPs)", fontsize=9)
     figure.tight_layout()
@@ -240,8 +374,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--curves", action="store_true", help="draw learning curves from log.jsonl instead")
     parser.add_argument("--x", choices=tuple(CURVE_X_LABELS), default="accelerator_seconds",
                         help="x axis of learning curves (default: accelerator seconds)")
-    parser.add_argument("--all_runs", type=parse_bool, default=False,
-                        help="plot every run, not only the best per project and compute class (true/false)")
+    add_bool_flag(parser, "--all_runs", False, "plot every run, not only the best per project and compute class")
+    add_bool_flag(parser, "--with_max_steps", False, "also fit runs trained for --max_steps (no compute class)")
+    parser.add_argument("--group", type=int, default=None,
+                        help="when the runs form several groups of comparable runs, fit the N-th one listed")
     return parser.parse_args(argv)
 
 
@@ -256,16 +392,28 @@ def main(argv=None) -> list[Fit]:
         print(f"wrote {out} ({drawn} learning curves)")
         return []
     args.mode, args.split = args.mode or "slow", args.split or "test"
-    points, skipped = load_points(runs, args.mode, args.split)
+    points, skipped = load_points(runs, args.mode, args.split, args.with_max_steps)
     for reason in skipped:
         print(f"skipped {reason}")
     if not points:
-        raise SystemExit(f"no run has a {args.mode} eval on {args.split!r}")
+        raise SystemExit(f"no run has a {args.mode} eval on {args.split!r} (among the runs not skipped)")
+    groups = comparable_groups(points)
+    if args.group is not None:
+        if not 1 <= args.group <= len(groups):
+            raise SystemExit(f"--group {args.group}: the runs form {len(groups)} group(s)\n{describe_groups(groups)}")
+        points = groups[args.group - 1]
+    elif len(groups) > 1:
+        raise SystemExit(describe_groups(groups))
     if not args.all_runs:
         points = best_per_class(points)
     fits = fit_projects(points)
-    plot_scaling(points, fits, out, f"normalised perplexity ({args.mode} eval, {args.split})")
-    print(format_fits(fits))
+    dataset, _, hardware, evaluation = points[0].labels
+    plot_scaling(points, fits, out, f"normalised perplexity, {evaluation}\n"
+                                    f"dataset {dataset}, reference hardware {hardware}")
+    print(f"dataset {dataset}; reference hardware {hardware}; {evaluation}")
+    print(format_fits(fits) if fits else "no fit: a fit needs runs of two compute classes or more per project")
+    for fit in (f for f in fits if f.rising):
+        print(f"warning: {fit.project} over {fit.axis}: slope {fit.slope:+.4f}, {RISING}")
     print(f"wrote {out} ({len(points)} runs)")
     return fits
 

@@ -1,4 +1,5 @@
 """The loader: official layout, stream distribution, batches, 1-GPU-vs-N-GPU equivalence, eval coverage, bad data."""
+import hashlib
 import json
 import warnings
 
@@ -48,6 +49,19 @@ def test_lists_beside_files_and_bare_names(tmp_path, lists_in_root, with_files_p
     write_official(tmp_path, {"train": [book(1, 4)], "test": [book(9, 2)]}, lists_in_root, with_files_prefix)
     ds = BooksDataset(tmp_path, VOCAB)
     assert [b.list_length for b in ds.books("train")] == [4]
+
+
+def test_fingerprint_names_the_books_and_their_lengths(tmp_path):
+    # The official release has no integrity.json: the fingerprint hashes its file lists' sha256 all the same.
+    write_official(tmp_path / "a", {"train": [book(1, 4)], "test": [book(9, 2)]})
+    lists = sorted((tmp_path / "a").glob("file_list_*.npy"))
+    by_hand = "".join(f"{p.name} {hashlib.sha256(p.read_bytes()).hexdigest()}\n" for p in lists)
+    fingerprint = BooksDataset(tmp_path / "a", VOCAB).fingerprint
+    assert fingerprint == hashlib.sha256(by_hand.encode()).hexdigest()[:12]
+    write_official(tmp_path / "b", {"train": [book(1, 4)], "test": [book(9, 3)]})  # one more token in one book
+    assert BooksDataset(tmp_path / "b", VOCAB).fingerprint != fingerprint
+    assert (BooksDataset(tmp_path / "a", VOCAB).name, BooksDataset(tmp_path / "b", VOCAB).name) == (
+        f"a_books_{VOCAB}", f"b_books_{VOCAB}")  # the data root's name, unless a plain data/
 
 
 def test_greedy_distribution_by_hand():

@@ -1,10 +1,12 @@
 """Normalised perplexity against hand computations; fast/slow evaluation with known models."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from languini.books import END_OF_DOC, BooksDataset
+from languini import evaluation
 from languini.evaluation import Evaluator, count_chars, normalised_perplexity, score_batch
 from tests.core.test_books import VOCAB, book, write_official
 
@@ -134,3 +136,81 @@ def test_slow_eval_of_a_stateful_model_carries_its_state(data):
     # is wrong only at a book boundary: (108, EOD), (EOD, 200), (203, EOD), (EOD, 300), (305, EOD): 5 x 60 nats.
     assert result.tokens == 21
     assert result.loss_sum == pytest.approx(4 * math.log(VOCAB) + 5 * 60, rel=1e-4)
+
+
+class CountsPositions(torch.nn.Module):
+    """Uniform; counts the token positions it reads (padding included), optionally carrying a state."""
+
+    def __init__(self, stateful: bool, vocab: int = VOCAB):
+        super().__init__()
+        self.stateful, self.vocab, self.positions = stateful, vocab, 0
+
+    def forward(self, x, state=None):
+        self.positions += x.numel()
+        return torch.zeros(*x.shape, self.vocab), torch.ones(1) if self.stateful else None
+
+
+@pytest.mark.parametrize("max_batches, max_windows, fast, slow, slow_stateful", [
+    # Streams [book 9 tokens] and [book 4, book 6] (10 and 12 tokens with separators): ceil(11 / 4) = 3 batches
+    # of 2 x 4. Slow: one stream of 22 tokens; windows end at 4, 5, ..., 21 (stride 4 // 4 = 1): 18 windows of 4;
+    # a stateful model reads ceil(21 / 4) = 6 windows of 4.
+    (None, None, 3 * 2 * 4, 18 * 4, 6 * 4),
+    (2, 5, 2 * 2 * 4, 5 * 4, 5 * 4),
+])
+def test_planned_positions_by_hand_and_as_evaluated(data, max_batches, max_windows, fast, slow, slow_stateful):
+    books = data.books("test")
+    assert evaluation.fast_positions(books, 2, 4, max_batches) == fast
+    assert evaluation.slow_positions(books, 4, max_windows, stateful=False) == slow
+    assert evaluation.slow_positions(books, 4, max_windows, stateful=True) == slow_stateful
+    # What the evaluator really feeds a model: the plan must count the same work.
+    ev = Evaluator(torch.ones(VOCAB), VOCAB, seq_len=4, device=torch.device("cpu"), batch_size=2,
+                   max_batches=max_batches, slow_max_windows=max_windows)
+    for model, run, expected in ((CountsPositions(False), lambda m: ev.fast(m, books), fast),
+                                 (CountsPositions(False), lambda m: ev.slow(m, books, stateful=False), slow),
+                                 (CountsPositions(True), lambda m: ev.slow(m, books, stateful=True), slow_stateful)):
+        run(model)
+        assert model.positions == expected
+
+
+def test_planned_positions_of_longer_windows_match_the_evaluator(default_corpus_root):
+    # Windows of 128 moved by 32 over a split of the default corpus: a stride that does not divide the split.
+    books = BooksDataset(default_corpus_root, 2048).books("valid")
+    ev = Evaluator(torch.ones(2048), 2048, seq_len=128, device=torch.device("cpu"), batch_size=16)
+    model = CountsPositions(False, vocab=2048)
+    ev.slow(model, books, stateful=False)
+    assert model.positions == evaluation.slow_positions(books, 128, None, stateful=False)
+
+
+@pytest.mark.parametrize("protocol, last_n, seq_len, windows", [
+    # One stream of 22 tokens (targets 1..21). Windows of 8 moved by 2: last_n starts them at 0, 2, ..., 14
+    # (its first scored target is 7); every_target ends them at 8, 10, ..., 20, 21. Both: 8 windows.
+    ("last_n", 2, 8, 8), ("every_target", 2, 8, 8),
+    # Windows of 32, longer than the split: last_n has no target with 32 - 8 tokens of context (none scored,
+    # no window); every_target scores the one window.
+    ("last_n", 8, 32, 0), ("every_target", 8, 32, 1),
+])
+def test_planned_slow_positions_follow_the_protocol(data, protocol, last_n, seq_len, windows):
+    books = data.books("test")
+    planned = evaluation.slow_positions(books, seq_len, None, stateful=False, protocol=protocol, last_n=last_n)
+    assert planned == windows * seq_len
+    ev = Evaluator(torch.ones(VOCAB), VOCAB, seq_len=seq_len, device=torch.device("cpu"), batch_size=3,
+                   slow_protocol=protocol, slow_last_n=last_n)
+    model = CountsPositions(False)
+    ev.slow(model, books, stateful=False)
+    assert model.positions == planned
+
+
+@pytest.mark.filterwarnings("ignore::languini.books.ListLengthWarning")
+def test_planned_positions_read_the_files_when_the_lists_lengths_differ(tmp_path):
+    # The official lists serve every vocabulary: here they say 1 token a book. Streams are balanced by the lists
+    # ([book 9, book 6] and [book 4]: 17 and 5 tokens with separators) but read to the files' ends:
+    # fast ceil(16 / 4) = 4 batches of 2 x 4; slow (stateful) ceil(21 / 4) = 6 windows of 4.
+    write_official(tmp_path, {"train": [book(10, 5)], "test": [book(100, 9), book(200, 4), book(300, 6)]})
+    np.save(tmp_path / "file_list_test_iid.npy", np.array([(f"files/test{i}.npy", "1") for i in range(3)]))
+    books = BooksDataset(tmp_path, VOCAB).books("test")
+    assert evaluation.fast_positions(books, 2, 4, None) == 4 * 2 * 4
+    assert evaluation.slow_positions(books, 4, None, stateful=True) == 6 * 4
+    ev = Evaluator(torch.ones(VOCAB), VOCAB, seq_len=4, device=torch.device("cpu"), batch_size=2, max_batches=None)
+    model = CountsPositions(False)
+    ev.fast(model, books)
+    assert model.positions == 4 * 2 * 4

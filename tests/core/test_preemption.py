@@ -39,15 +39,30 @@ def train(project, args, processes=1, **signal_env):
                           text=True)
 
 
+# fields of log.jsonl and results.json measured by the wall clock, which differ from run to run
+# (assert_wall_times_add_up checks them)
+WALL_CLOCK_FIELDS = {"tokens_per_second_local", "train_wall_seconds", "wall_seconds"}
+
+
 def log_rows(run_dir):
-    """Every row of log.jsonl but the wall-clock throughput, which differs from run to run."""
+    """Every row of log.jsonl but the fields measured by the wall clock."""
     rows = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k != "tokens_per_second_local"} for r in rows]
+    return [{k: v for k, v in r.items() if k not in WALL_CLOCK_FIELDS} for r in rows]
 
 
 def results(run_dir):
     data = json.loads((run_dir / "results.json").read_text())
-    return {k: v for k, v in data.items() if k not in LAUNCH_FIELDS}
+    return {k: v for k, v in data.items() if k not in LAUNCH_FIELDS | WALL_CLOCK_FIELDS}
+
+
+def assert_wall_times_add_up(run_dir):
+    """The training steps' wall time grows from row to row across restarts (each continues from its checkpoint's)
+    up to the total in results.json; every evaluation row has its own wall time."""
+    rows = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+    seconds = [r["train_wall_seconds"] for r in rows if r["event"] == "train"]
+    assert 0 < seconds[0] and seconds == sorted(seconds), seconds
+    assert json.loads((run_dir / "results.json").read_text())["train_wall_seconds"] == seconds[-1]
+    assert all(r["wall_seconds"] > 0 for r in rows if r["event"] == "eval")
 
 
 def checkpoint_step(path):
@@ -93,6 +108,7 @@ def test_run_stopped_in_training_and_in_the_final_evaluation_reproduces_the_whol
     assert continued.returncode == 0, continued.stderr
     assert log_rows(run) == log_rows(whole_run)  # every row once (training and final evaluation), same numbers
     assert results(run) == results(whole_run)
+    assert_wall_times_add_up(run)
 
 
 def test_unreadable_latest_checkpoint_falls_back_to_the_previous_one(default_corpus_root, tmp_path, whole_run):
@@ -109,6 +125,7 @@ def test_unreadable_latest_checkpoint_falls_back_to_the_previous_one(default_cor
     assert "previous checkpoint" in continued.stdout and "(step 4)" in continued.stdout
     assert log_rows(run) == log_rows(whole_run)
     assert results(run) == results(whole_run)
+    assert_wall_times_add_up(run)
 
 
 def test_stop_signals_are_recorded_then_end_the_final_evaluation_and_ctrl_c_after_one_quits():

@@ -1,6 +1,7 @@
 import importlib.util
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,9 @@ def scale_plot():
     return module
 
 
-def write_run(root, name, project, compute_class, hours, flops, perplexity, split="test", mode="slow", curve=()):
+def write_run(root, name, project, compute_class, hours, flops, perplexity, split="test", mode="slow", curve=(),
+              **fields):
+    """A hand-made run folder; `fields` add or replace results.json entries (dataset fingerprint, ...)."""
     run = root / name
     run.mkdir(parents=True)
     results = {
@@ -26,6 +29,7 @@ def write_run(root, name, project, compute_class, hours, flops, perplexity, spli
         "accelerator_hours": hours, "total_flops": flops,
         "eval": {mode: {split: {"loss": 1.0, "normalised_perplexity": perplexity, "scored_tokens": 10,
                                   "scored_bytes": 40}}},
+        **fields,
     }
     (run / "results.json").write_text(json.dumps(results))
     rows = [{"event": "train", "step": 1, "tokens": 1, "accelerator_seconds": 1.0, "loss": 5.0, "lr": 1e-3}]
@@ -127,3 +131,90 @@ def test_paths_without_runs_are_errors(scale_plot, tmp_path):
         scale_plot.main([str(tmp_path), "--out", str(tmp_path / "x.png")])
     with pytest.raises(SystemExit, match="not a run directory"):
         scale_plot.main([str(tmp_path / "missing"), "--out", str(tmp_path / "x.png")])
+
+
+BOOKS = {"dataset": "/data/books_16384", "dataset_name": "books_16384", "dataset_fingerprint": "a1b2c3d4e5f6",
+         "tokenizer_fingerprint": "0123456789ab", "model_config": {"vocab_size": 16384},
+         "reference_hardware": "RTX 3090", "train_config": {"slow_eval_max_windows": None}}
+
+
+def slow_test_eval(perplexity, scored_tokens=5000):
+    return {"slow": {"test": {"loss": 1.0, "normalised_perplexity": perplexity, "scored_tokens": scored_tokens,
+                              "scored_bytes": 4 * scored_tokens}}}
+
+
+def test_runs_that_cannot_be_compared_are_not_fitted_together(scale_plot, tmp_path, capsys):
+    write_run(tmp_path, "gpt_6h", "gpt", "6h", 6, 1e18, 2.26, **BOOKS, eval=slow_test_eval(2.26))
+    write_run(tmp_path, "gpt_12h", "gpt", "12h", 12, 2e18, 2.20, **BOOKS, eval=slow_test_eval(2.20))
+    # the same GPU under torch's name: comparable
+    write_run(tmp_path, "gpt_24h", "gpt", "24h", 24, 4e18, 2.15,
+              **{**BOOKS, "reference_hardware": "NVIDIA GeForce RTX 3090"}, eval=slow_test_eval(2.15))
+    shutil.copytree(tmp_path / "gpt_12h", tmp_path / "gpt_12h copy")  # a copied run counts once
+    write_run(tmp_path, "gpt_debug", "gpt", None, 0.01, 1e15, 4.0, **BOOKS, eval=slow_test_eval(4.0))  # --max_steps
+    write_run(tmp_path, "gpt_6h_default_corpus", "gpt", "6h", 6, 1e18, 1.9,
+              **{**BOOKS, "dataset_name": "default_corpus_books_2048", "dataset_fingerprint": "ffff00001111",
+                 "model_config": {"vocab_size": 2048}, "tokenizer_fingerprint": "999999999999"},
+              eval=slow_test_eval(1.9))
+    write_run(tmp_path, "gpt_48h_capped", "gpt", "48h", 48, 8e18, 2.9,
+              **{**BOOKS, "train_config": {"slow_eval_max_windows": 8}}, eval=slow_test_eval(2.9, scored_tokens=1408))
+    out = str(tmp_path / "s.png")
+    with pytest.raises(SystemExit) as refused:
+        scale_plot.main([str(tmp_path), "--out", out])
+    message = str(refused.value)
+    assert "3 groups that cannot be fitted together; they differ in dataset, tokenizer, evaluation:" in message
+    assert "group 1 (3 runs): dataset books_16384 (fingerprint a1b2c3d4e5f6)" in message
+    assert "reference hardware RTX 3090" in message and "1,408 tokens scored (at most 8 windows)" in message
+    printed = capsys.readouterr().out
+    assert "gpt_12h copy: a copy of" in printed and "gpt_debug: trained for --max_steps" in printed
+
+    fits = {f.axis: f for f in scale_plot.main([str(tmp_path), "--out", out, "--group", "1"])}
+    assert fits["accelerator hours"].runs == 3
+    assert fits["accelerator hours"].slope == pytest.approx(np.polyfit(np.log([6, 12, 24]), [2.26, 2.20, 2.15], 1)[0])
+    assert "dataset books_16384 (fingerprint a1b2c3d4e5f6); reference hardware RTX 3090" in capsys.readouterr().out
+    assert scale_plot.main([str(tmp_path), "--out", out, "--group", "1", "--with_max_steps"])[0].runs == 4
+    with pytest.raises(SystemExit, match="--group 4: the runs form 3 group"):
+        scale_plot.main([str(tmp_path), "--out", out, "--group", "4"])
+
+
+def test_a_rising_fit_is_flagged(scale_plot, tmp_path, capsys):
+    write_run(tmp_path, "a", "gpt", "6h", 6, 1e18, 2.0, **BOOKS, eval=slow_test_eval(2.0))
+    write_run(tmp_path, "b", "gpt", "12h", 12, 2e18, 2.5, **BOOKS, eval=slow_test_eval(2.5))
+    fits = scale_plot.main([str(tmp_path), "--out", str(tmp_path / "s.png")])
+    assert all(f.rising for f in fits)
+    printed = capsys.readouterr().out
+    assert "warning: gpt over accelerator hours: slope +0.7213, RISING" in printed
+    assert printed.count("RISING: perplexity grows with compute") == 4  # two table rows, two warnings
+
+
+def test_title_names_dataset_and_hardware(scale_plot, tmp_path, monkeypatch):
+    titles = []
+    monkeypatch.setattr(scale_plot, "plot_scaling", lambda points, fits, out, title: titles.append(title))
+    write_run(tmp_path, "a", "gpt", "6h", 6, 1e18, 2.3, **BOOKS, eval=slow_test_eval(2.3))
+    scale_plot.main([str(tmp_path), "--out", str(tmp_path / "s.png")])
+    assert "dataset books_16384 (fingerprint a1b2c3d4e5f6), reference hardware RTX 3090" in titles[0]
+    assert "slow eval on test, 5,000 tokens scored (all windows)" in titles[0]
+
+
+@pytest.mark.parametrize("low,high,expected", [
+    (2 / 60, 2 / 60, ["0.02", "0.03", "0.05"]),  # runs of one class, 2 minutes: the axis the issue saw as 120 s
+    (6, 96, ["5", "10", "20", "50", "100"]),  # the paper's classes
+])
+def test_x_ticks_are_readable_hours(scale_plot, low, high, expected):
+    figure, axis = scale_plot.plt.subplots()
+    scale_plot.readable_log_axis(axis, low, high, scale_plot.hours_label)
+    figure.canvas.draw()
+    start, end = axis.get_xlim()
+    assert start < low and high < end and end / start >= 4
+    labels = [t.get_text() for t in axis.get_xticklabels() if start <= t.get_position()[0] <= end]
+    assert labels == expected
+    scale_plot.plt.close(figure)
+
+
+def test_slow_eval_protocols_are_not_fitted_together(scale_plot, tmp_path):
+    # the same text scored (same count) under two protocols: windows moved by 128 or by 64
+    for name, hours, last_n in (("a", 6, 128), ("b", 12, 128), ("c", 24, 64)):
+        evaluation = slow_test_eval(2.0)
+        evaluation["slow"]["test"].update(protocol="last_n", window=512, last_n=last_n)
+        write_run(tmp_path, name, "gpt", f"{hours}h", hours, 1e18, 2.0, **BOOKS, eval=evaluation)
+    with pytest.raises(SystemExit, match="differ in evaluation:(.|\n)*protocol last_n \\(window 512, last 64\\)"):
+        scale_plot.main([str(tmp_path), "--out", str(tmp_path / "s.png")])

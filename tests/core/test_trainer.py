@@ -1,15 +1,21 @@
-"""The trainer end to end on CPU: exact resume, non-finite loss, bad input, data parallel = accumulation."""
+"""The trainer end to end on CPU: exact resume, non-finite loss, bad input, data discovery, run records,
+data parallel = accumulation."""
+import dataclasses
+import hashlib
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
 
+from languini import experiment, throughput
 from languini.books import BooksDataset
 from languini.experiment import REPO_ROOT, main
+from languini.measure import Measurement
 from languini.trainer import TrainConfig, Trainer, ramp_times_cosine, warmup_then_cosine
 from projects.gpt import configs
 from projects.gpt.model import Model
@@ -86,6 +92,7 @@ def test_killed_and_resumed_run_has_the_losses_of_an_uninterrupted_one(default_c
     whole = main("gpt", configs, model_cls, args + ["--out_dir", str(tmp_path / "a")])
     assert main("gpt", configs, model_cls, args + ["--out_dir", str(tmp_path / "b"), "--stop_at_step", "5"]) is None
     run_b = tmp_path / "b" / "r"
+    first_job = torch.load(run_b / "checkpoint.pt", weights_only=False)["wall_seconds"]
     with (run_b / "log.jsonl").open("a") as f:  # a row the killed run wrote after its last checkpoint
         f.write(json.dumps({"event": "train", "step": 7, "loss": 0.0}) + "\n")
     resumed = main("gpt", configs, model_cls, args + ["--out_dir", str(tmp_path / "b"), "--resume", "true"])
@@ -98,6 +105,11 @@ def test_killed_and_resumed_run_has_the_losses_of_an_uninterrupted_one(default_c
     results = json.loads((run_b / "results.json").read_text())
     assert results["steps"] == 8 and results["tokens_seen"] == 8 * 4 * 32
     assert set(results["eval"]["slow"]) == {"valid", "test", "ood_series"}
+    wall = results["wall_seconds"]  # both jobs of the run, evaluations apart
+    assert wall["training"] > first_job["training"] > 0 and wall["evaluation_during_training"] > 0
+    assert wall["final_evaluation"] > 0
+    assert wall["total"] == pytest.approx(wall["training"] + wall["evaluation_during_training"]
+                                          + wall["final_evaluation"])
     slow = results["eval"]["slow"]["test"]
     assert (slow["protocol"], slow["window"], slow["last_n"]) == ("last_n", 32, 32 // 4)  # the official default
     for row in (results["eval"]["fast"]["test"], slow):
@@ -150,20 +162,36 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(default_corpus
     (["--data_root", "/nonexistent"], "prepare_books.py"),
     (["--vocab_size", "4096"], "books_2048: pass the matching --vocab_size"),
     ([], "--compute_class .* or --max_steps"),
-    (["--compute_class", "1h", "--reference_hardware", "RTX 3090"], "measure_throughput.py gpt cpu --sweep"),
+    # The model flags of TINY change the cpu config: its cpu row is not used, and the command measures TINY.
+    (["--compute_class", "1h", "--reference_hardware", "cpu"],
+     "measure_throughput.py gpt cpu --seq_len 32 --d_model 32 --n_layers 1 --n_heads 2 --d_head 16 --sweep"),
     (["--compute_class", "6 hours"], "not understood"),
     (["--max_steps", "1", "--batch_size", "5", "--micro_batches", "2"], "not divisible into 2 micro-batches"),
+    (["--max_steps", "1", "--batch_size", "0"], "--batch_size must be at least 1, got 0"),
+    (["--max_steps", "1", "--seq_len", "0"], "--seq_len must be at least 1, got 0"),
+    (["--max_steps", "1", "--eval_max_batches", "0"], "--eval_max_batches must be at least 1"),
+    (["--max_steps", "1", "--lr", "-1"], "--lr must be positive"),
+    (["--max_steps", "1", "--batch_size", "81"], "Only 80 books for 81 streams"),  # the default corpus has 80
+    (["--max_steps", "5", "--compute_class", "1m"], "two budgets; give one.*--stop_at_step"),
     (["--max_steps", "1", "--slow_eval_last_n", "64"], "slow_eval_last_n must be in 1..seq_len"),
 ])
 def test_bad_input_gives_one_clear_error(default_corpus_root, tmp_path, extra, message):
     args = TINY + ["--data_root", str(default_corpus_root), "--out_dir", str(tmp_path)] + extra
     with pytest.raises(SystemExit, match=message):
         main("gpt", configs, Model, args)
+    assert list(tmp_path.iterdir()) == []  # no empty run folder left behind
 
 
-def test_boolean_flags_are_explicit(default_corpus_root):
-    with pytest.raises(SystemExit):  # argparse: "expected true or false"
-        main("gpt", configs, Model, TINY + ["--compile"])
+def test_bare_boolean_flag_means_true_and_bad_values_say_how(default_corpus_root, tmp_path, capsys):
+    args = TINY + ["--data_root", str(default_corpus_root), "--out_dir", str(tmp_path), "--compute_class", "1m",
+                   "--tokens_per_second", "1e4"]
+    assert main("gpt", configs, Model, args + ["--dry_run"]) is None  # a bare --dry_run plans and trains nothing
+    assert "steps" in capsys.readouterr().out and list(tmp_path.iterdir()) == []
+    with pytest.raises(SystemExit):
+        main("gpt", configs, Model, args + ["--dry_run", "maybe"])
+    err = capsys.readouterr().err
+    assert "expected true or false, got 'maybe'" in err
+    assert len(err.splitlines()) <= 3  # not a usage dump of every flag
 
 
 def test_existing_run_is_not_overwritten(default_corpus_root, tmp_path):
@@ -174,11 +202,159 @@ def test_existing_run_is_not_overwritten(default_corpus_root, tmp_path):
         main("gpt", configs, Model, args)
 
 
-def test_dry_run_prints_the_paper_plan(default_corpus_root, capsys):
+class ByteTokenizer:
+    """Stands for a vocabulary the default corpus was not tokenised with, in dry runs: every token one byte."""
+
+    def __init__(self, vocab_size):
+        self.vocab_size = vocab_size
+
+    def get_piece_size(self):
+        return self.vocab_size
+
+    def is_control(self, i):
+        return False
+
+    is_unknown = is_control
+
+    def is_byte(self, i):
+        return True
+
+
+def test_dry_run_prints_the_paper_plan(default_corpus_root, tmp_path, monkeypatch, capsys):
+    # The paper's rows are of its models, vocabulary 16384 included: give the default corpus's books under that name.
+    (tmp_path / "books_16384").symlink_to(default_corpus_root / "books_2048", target_is_directory=True)
+    monkeypatch.setattr(experiment, "load_tokenizer", lambda ds, tcfg, vocab_size: ByteTokenizer(vocab_size))
     assert main("gpt", configs, Model, ["--config", "small", "--compute_class", "6h", "--dry_run", "true",
-                                         "--data_root", str(default_corpus_root), "--vocab_size", "2048"]) is None
+                                         "--data_root", str(tmp_path), "--vocab_size", "16384"]) is None
     out = capsys.readouterr().out
-    assert "18,265" in out and "55,416 tokens/s" in out  # Table 5/6: GPT small, 6h, batch 128
+    assert "18,265" in out and "55,416 tokens/s (published on RTX 3090)" in out  # Table 5/6: GPT small, 6h, batch 128
+
+
+def test_paper_class_on_a_cpu_says_what_it_means(default_corpus_root, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    given = ["--dry_run", "true", "--data_root", str(default_corpus_root), "--tokens_per_second", "24000"]
+    main("gpt", configs, Model, ["--compute_class", "24h", *given])
+    out = capsys.readouterr().out
+    assert "--compute_class 24h means 24h of this CPU training the toy config 'cpu'" in out
+    assert "use --compute_class 2m" in out and "--config small" in out
+    main("gpt", configs, Model, ["--compute_class", "2m", *given])
+    assert "toy config" not in capsys.readouterr().out
+
+
+def test_cpu_path_times_a_model_with_another_vocabulary_instead_of_reusing_a_row(default_corpus_root, tmp_path,
+                                                                                   monkeypatch, capsys):
+    """Issue 13: the cpu config on book data (vocab 16384) is another model than on the default corpus (2048)."""
+    (tmp_path / "books_16384").symlink_to(default_corpus_root / "books_2048", target_is_directory=True)
+    monkeypatch.setattr(experiment, "load_tokenizer", lambda ds, tcfg, vocab_size: ByteTokenizer(vocab_size))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    timed = []
+    monkeypatch.setattr(experiment.measure, "measure_batch_size", lambda model, cfg, batch, *rest: timed.append(
+        cfg.vocab_size) or Measurement(batch, 4096.0, 0.5, None))
+    argv = ["--compute_class", "10s", "--dry_run", "true", "--data_root", str(tmp_path), "--vocab_size", "16384",
+            "--out_dir", str(tmp_path / "runs")]
+    main("gpt", configs, Model, argv)
+    out = capsys.readouterr().out
+    assert timed == [16384] and "kept in" in out
+    [row] = throughput.read_registry(tmp_path / "runs" / "throughput.csv")
+    assert row.model_fingerprint == throughput.model_spec("gpt", "cpu", configs.get("cpu", vocab_size=16384)).fingerprint
+    assert "4,096 tokens/s (measured on cpu, " in out and "steps                    20\n" in out  # 40960 / 2048
+    main("gpt", configs, Model, argv)  # the next run here (or a resumed one) plans with the row kept
+    assert timed == [16384] and "steps                    20\n" in capsys.readouterr().out
+    # On the default corpus the committed row of the cpu config (measured with SDPA attention) is used, and
+    # nothing is timed; the default math attention is another model, timed here.
+    default_corpus = ["--compute_class", "10s", "--dry_run", "true", "--data_root", str(default_corpus_root),
+                      "--out_dir", str(tmp_path / "runs")]
+    main("gpt", configs, Model, default_corpus + ["--attention", "sdpa"])
+    assert timed == [16384] and "24,004 tokens/s (measured on cpu, 2026-11-22)" in capsys.readouterr().out
+    main("gpt", configs, Model, default_corpus)
+    assert timed == [16384, 2048] and "No throughput row for gpt cpu (model" in capsys.readouterr().out
+
+
+def test_run_records_its_throughput_row_and_evaluation_time(default_corpus_root, tmp_path, monkeypatch):
+    """results.json names the row that set the budget; the log keeps evaluation time apart from training."""
+    registry = tmp_path / "throughput.csv"
+    spec = throughput.model_spec("gpt", "cpu", configs.get("cpu", seq_len=32, d_model=32, n_layers=1, n_heads=2,
+                                                           d_head=16))
+    row = throughput.ThroughputRow("gpt", "cpu", spec.fingerprint, spec.flags, "cpu", 4, 32, 1280.0, None, "fp32",
+                                   False, "2.13.0", "2026-01-02", "measured", "by hand")
+    throughput.append_row(registry, row)
+    monkeypatch.setattr(throughput, "registry_path", lambda project: registry)
+    args = TINY + ["--data_root", str(default_corpus_root), "--compute_class", "1s", "--reference_hardware", "cpu",
+                   "--eval_every", "5", "--eval_every_max_batches", "1", "--out_dir", str(tmp_path), "--run_name", "r"]
+    results = main("gpt", configs, Model, args)
+    assert results["steps"] == 10  # 1 s x 1,280 tokens/s / (4 x 32)
+    assert results["throughput_row"] == dataclasses.asdict(row)
+    assert (results["model_fingerprint"], results["model_flags"]) == (spec.fingerprint, spec.flags)
+    log = [json.loads(line) for line in (tmp_path / "r" / "log.jsonl").read_text().splitlines()]
+    evals = [r for r in log if r["event"] == "eval"]
+    during, final_valid = evals[0], next(r for r in evals[1:] if r["split"] == "valid" and r["mode"] == "fast")
+    assert during["step"] == 5 and during["scored_tokens"] <= 4 * 32 < final_valid["scored_tokens"]  # capped: 1 batch
+    assert all(r["wall_seconds"] > 0 for r in evals)
+    train = [r["train_wall_seconds"] for r in log if r["event"] == "train"]
+    assert train == sorted(train) and train[-1] > 0 and results["train_wall_seconds"] == train[-1]
+    # A newer row for the same model would give 20 steps; the run, continued, keeps the budget it started with.
+    throughput.append_row(registry, dataclasses.replace(row, tokens_per_second=2560.0, date="2026-02-03"))
+    (tmp_path / "r" / "results.json").unlink()
+    continued = main("gpt", configs, Model, args + ["--resume", "true"])
+    assert continued["steps"] == 10 and continued["throughput_row"] == dataclasses.asdict(row)
+
+
+def integrity_fingerprint(dataset_dir):
+    """The fingerprint by hand: sha256 over the file-list hashes prepare_books wrote to integrity.json."""
+    lists = json.loads((dataset_dir / "integrity.json").read_text())["file_lists"]
+    return hashlib.sha256("".join(f"{n} {h}\n" for n, h in sorted(lists.items())).encode()).hexdigest()[:12]
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    """An empty data/ standing in for the repository's; the working directory is its parent."""
+    data = tmp_path / "data"
+    data.mkdir()
+    monkeypatch.setattr(experiment, "DEFAULT_DATA", data)
+    monkeypatch.chdir(tmp_path)
+    return data
+
+
+def test_prepared_dataset_is_found_without_flags_and_its_vocab_used(default_corpus_root, data_dir, tmp_path, capsys):
+    (data_dir / "books_2048").symlink_to(default_corpus_root / "books_2048")
+    # the small config's vocab is 16384: it follows the one dataset in data/
+    args = ["--config", "small"] + TINY[2:] + ["--max_steps", "2", "--out_dir", str(tmp_path / "runs")]
+    results = main("gpt", configs, Model, args)
+    out = capsys.readouterr().out
+    fingerprint = integrity_fingerprint(default_corpus_root / "books_2048")
+    assert f"Dataset books_2048: {(default_corpus_root / 'books_2048').resolve()} (fingerprint {fingerprint}); " \
+           "the model's vocab set to its 2048" in out
+    assert "default corpus" not in out
+    assert results["model_config"]["vocab_size"] == 2048
+    assert results["dataset"] == str((default_corpus_root / "books_2048").resolve())
+    assert (results["dataset_name"], results["dataset_fingerprint"]) == ("books_2048", fingerprint)
+    [run] = (tmp_path / "runs").iterdir()
+    assert run.name == f"gpt_small_books_2048-{fingerprint[:8]}_2steps_bs4_seed0"
+    tokenizer = default_corpus_root / "books_2048" / "tokenizer.model"
+    assert results["tokenizer"] == str(tokenizer.resolve())
+    assert results["tokenizer_fingerprint"] == hashlib.sha256(tokenizer.read_bytes()).hexdigest()[:12]
+    if shutil.which("git") and (REPO_ROOT / ".git").exists():
+        head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+        assert results["git"]["commit"] == head.stdout.strip() and results["git"]["dirty"] in (True, False)
+    assert json.loads((run / "results.json").read_text()) == results
+
+
+def test_several_prepared_datasets_need_a_vocab(default_corpus_root, data_dir):
+    (data_dir / "books_2048").symlink_to(default_corpus_root / "books_2048")
+    (data_dir / "books_4096").mkdir()
+    args = ["--config", "small"] + TINY[2:] + ["--compute_class", "1m", "--tokens_per_second", "1e4", "--dry_run"]
+    with pytest.raises(SystemExit, match="several datasets .*books_2048, books_4096.* --vocab_size"):
+        main("gpt", configs, Model, args)
+    assert main("gpt", configs, Model, args + ["--vocab_size", "2048"]) is None
+
+
+def test_default_corpus_only_without_a_prepared_dataset(default_corpus_root, data_dir, capsys):
+    (data_dir / "default_corpus").symlink_to(default_corpus_root)  # built already: ensure() only opens it
+    args = TINY + ["--compute_class", "1m", "--tokens_per_second", "1e4", "--dry_run"]
+    assert main("gpt", configs, Model, args) is None
+    out = capsys.readouterr().out
+    assert "No dataset given (--data_root) or prepared in" in out and "embedded default corpus" in out
+    assert f"(fingerprint {integrity_fingerprint(default_corpus_root / 'books_2048')})" in out
 
 
 def run_script(project, args, processes=1):

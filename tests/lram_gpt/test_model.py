@@ -195,11 +195,11 @@ def test_configs():
         configs.get("small_m15")
 
 
-def test_training_run_end_to_end(tmp_path):
+def test_training_run_end_to_end(default_corpus_root, tmp_path):
     # --config cpu: without it a machine with a GPU picks the small config.
     argv = ["--config", "cpu", "--max_steps", "3", "--batch_size", "4", "--eval_every", "3", "--eval_batch_size", "4",
-            "--eval_max_batches", "2", "--slow_eval_max_windows", "2", "--out_dir", str(tmp_path),
-            "--run_name", "smoke"]
+            "--eval_max_batches", "2", "--slow_eval_max_windows", "2", "--data_root", str(default_corpus_root),
+            "--out_dir", str(tmp_path), "--run_name", "smoke"]
     experiment.main("lram_gpt", configs, Model, argv=argv)
     results = json.loads((tmp_path / "smoke" / "results.json").read_text())
     assert results["project"] == "lram_gpt" and results["config"] == "cpu" and results["steps"] == 3

@@ -170,11 +170,11 @@ def test_memory_stats_after_a_forward():
     assert stats["kl_from_uniform"] == pytest.approx(kl)
 
 
-def test_training_run_end_to_end(tmp_path):
+def test_training_run_end_to_end(default_corpus_root, tmp_path):
     # --config cpu: without it a machine with a GPU picks the small config.
     argv = ["--config", "cpu", "--max_steps", "3", "--batch_size", "4", "--seq_len", "64", "--eval_every", "3",
             "--eval_batch_size", "4", "--eval_max_batches", "2", "--slow_eval_max_windows", "2",
-            "--out_dir", str(tmp_path), "--run_name", "smoke"]
+            "--data_root", str(default_corpus_root), "--out_dir", str(tmp_path), "--run_name", "smoke"]
     experiment.main("pkm_gpt", configs, Model, argv=argv)
     results = json.loads((tmp_path / "smoke" / "results.json").read_text())
     assert results["project"] == "pkm_gpt" and results["config"] == "cpu" and results["steps"] == 3

@@ -121,7 +121,7 @@ def test_bad_configs_raise_clear_errors(field, value, message):
         Model(tiny_config())(torch.zeros(1, 3, dtype=torch.long), [None])
 
 
-def test_training_run_carries_the_state(tmp_path):
+def test_training_run_carries_the_state(default_corpus_root, tmp_path):
     seq_len, windows = 32, 2
     states_seen = []
 
@@ -134,7 +134,7 @@ def test_training_run_carries_the_state(tmp_path):
     argv = ["--config", "cpu", "--d_model", "32", "--n_layers", "1", "--n_heads", "2", "--d_head", "16",
             "--seq_len", str(seq_len), "--batch_size", "4", "--eval_batch_size", "4", "--max_steps", "3",
             "--eval_max_batches", "1", "--slow_eval_max_windows", str(windows), "--log_every", "1",
-            "--out_dir", str(tmp_path), "--run_name", "smoke"]
+            "--data_root", str(default_corpus_root), "--out_dir", str(tmp_path), "--run_name", "smoke"]
     results = experiment.main("qlstm", configs, RecordingModel, argv=argv)
     assert results["steps"] == 3
     assert states_seen == [False, True, True]  # zeros at the start, then the detached state of the last step
