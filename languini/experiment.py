@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from languini import (compute_class, data_check, default_corpus, evaluation, flops, measure, run_folder, throughput,
-                      tokenizer)
+from languini import (compute_class, data_check, default_corpus, evaluation, flops, measure, run_folder, stages,
+                      throughput, tokenizer)
 from languini.books import BooksDataset, DataError
 from languini.evaluation import describe_slow_protocol
 from languini.checkpoint import CheckpointError
@@ -181,6 +181,47 @@ def budget_of_run(run_dir: Path, steps: int, tok_s: float, row, say) -> tuple:
     return started["steps"], started["tokens_per_second"], kept_row
 
 
+def stage_settings(tcfg: TrainConfig, model_cfg, configs) -> tuple[TrainConfig, tuple | None]:
+    """--stages as the schedule it names (a project's configs.STAGES) and its stages (None without --stages);
+    a clear error for a bad one before any work."""
+    named = getattr(configs, "STAGES", {})
+    if tcfg.stages in named:
+        tcfg = dataclasses.replace(tcfg, stages=named[tcfg.stages])
+    if tcfg.stages is None:
+        return tcfg, None
+    try:
+        return tcfg, stages.parse(tcfg.stages, model_cfg.seq_len)
+    except ValueError as error:
+        names = f" or one of this project's named schedules: {', '.join(named)}" if named else ""
+        raise ValueError(f"{error}{names}") from None
+
+
+def _stage_rate(registry, project: str, config_name: str, model_cfg, seq_len: int, tcfg: TrainConfig):
+    """The reference throughput of the model at a stage's length, or None if the registry has none."""
+    spec = throughput.model_spec(project, config_name, dataclasses.replace(model_cfg, seq_len=seq_len))
+    try:
+        return throughput.lookup(registry, spec, tcfg.reference_hardware, tcfg.compile).tokens_per_second
+    except throughput.ThroughputNotFoundError:
+        return None
+
+
+def describe_schedule(schedule: stages.Schedule) -> str:
+    return ", then ".join(f"{n:,} steps at {length}" for length, n in zip(schedule.seq_lens, schedule.steps))
+
+
+def schedule_of_run(run_dir: Path, schedule: stages.Schedule) -> stages.Schedule:
+    """A resumed staged run keeps the stages it started with (as budget_of_run keeps its budget); `schedule`
+    otherwise."""
+    try:
+        started = json.loads((run_dir / RUN_CONFIG).read_text()).get("stages")
+    except (OSError, ValueError):
+        return schedule
+    if not started:
+        return schedule
+    return stages.Schedule(tuple(s["seq_len"] for s in started), tuple(s["steps"] for s in started),
+                           tuple(s["tokens_per_second"] for s in started))
+
+
 def row_record(row: throughput.ThroughputRow | None, tokens_per_second: float | None) -> dict | None:
     """The throughput a run's budget came from, for results.json: the registry row, or the hand-set value."""
     if row is not None:
@@ -275,6 +316,7 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     model_over = overrides(args, configs.ModelConfig)
     model_cfg = configs.get(config_name, **model_over)
     check_values(tcfg, model_cfg)
+    tcfg, staged = stage_settings(tcfg, model_cfg, configs)
 
     dataset, model_cfg = load_data(tcfg, model_cfg, "vocab_size" in model_over, say, ddp)
     sp = load_tokenizer(dataset, tcfg, model_cfg.vocab_size)
@@ -300,12 +342,32 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
                 tok_s = row.tokens_per_second
             except throughput.ThroughputNotFoundError:
                 pass  # accelerator time is unknown without a throughput
-        say(f"Training {project}/{config_name} for --max_steps {steps} (no compute class).")
+        schedule = stages.schedule_for_steps(tcfg.stages, model_cfg.seq_len, steps, tok_s)
+        if staged:  # each stage at its own throughput, where known
+            rates = [tcfg.tokens_per_second or _stage_rate(registry, project, config_name, model_cfg, s.seq_len, tcfg)
+                     for s in staged]
+            schedule = dataclasses.replace(schedule, tokens_per_second=tuple(rates))
+        say(f"Training {project}/{config_name} for --max_steps {steps} (no compute class)"
+            + (f" in stages: {describe_schedule(schedule)}." if staged else "."))
     elif tcfg.compute_class is not None:
-        def plan_for(row=None):
+        def plan_for(row=None, measure_stages=False):
+            stage_models = None
+            if staged:  # each stage is the model at the stage's length, charged at that model's throughput
+                stage_models = []
+                for stage in staged:
+                    cfg = dataclasses.replace(model_cfg, seq_len=stage.seq_len)
+                    spec = throughput.model_spec(project, config_name, cfg)
+                    timed = None  # this CPU's row where the registry has none
+                    if measure_stages:
+                        try:
+                            throughput.lookup(registry, spec, tcfg.reference_hardware, tcfg.compile)
+                        except throughput.ThroughputNotFoundError:
+                            timed = cpu_row(spec, model_cls, cfg, tcfg, device, say)
+                    stage_models.append((stage, spec, timed))
             return compute_class.plan_training(
                 model, tcfg.compute_class, tcfg.batch_size, model_cfg.seq_len, registry, tcfg.reference_hardware,
-                tcfg.tokens_per_second, fwd_flops, local_hw, ddp.world_size, compiled=tcfg.compile, row=row)
+                tcfg.tokens_per_second, fwd_flops, local_hw, ddp.world_size, compiled=tcfg.compile, row=row,
+                stage_models=stage_models)
 
         try:
             plan = plan_for()
@@ -315,7 +377,8 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
             if not (cpu_default and ddp.world_size == 1 and throughput.hardware_matches(tcfg.reference_hardware,
                                                                                          local_hw)):
                 raise
-            plan = plan_for(cpu_row(model, model_cls, model_cfg, tcfg, device, say))
+            plan = (plan_for(measure_stages=True) if staged
+                    else plan_for(cpu_row(model, model_cls, model_cfg, tcfg, device, say)))
         if ddp.main:
             plan = dataclasses.replace(plan, evaluation=eval_work(dataset, tcfg, model_cfg.seq_len, plan.steps, stateful))
         say(compute_class.format_plan(plan))
@@ -324,7 +387,7 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
                 f"training the toy config '{CPU_CONFIG}', not the paper's {tcfg.compute_class} class on an RTX 3090. "
                 "For a smoke run of a few minutes use --compute_class 2m; to plan the paper's class, name its "
                 "config (--config small --dry_run true) on the book data it is defined for (vocab 16384).")
-        steps, tok_s, row = plan.steps, plan.tokens_per_second, plan.throughput_row
+        steps, tok_s, row, schedule = plan.steps, plan.tokens_per_second, plan.throughput_row, plan.schedule()
     else:
         raise ValueError("Give a budget: --compute_class (e.g. 6h, 24h, 15m, 90s) or --max_steps N.")
     if tcfg.dry_run:
@@ -336,6 +399,7 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     resume = run_folder.start_or_continue(run_dir, tcfg.resume, tcfg.overwrite, say, ddp.main)
     if resume and tcfg.compute_class is not None:
         steps, tok_s, row = budget_of_run(run_dir, steps, tok_s, row, say)
+        schedule = schedule_of_run(run_dir, stages.Schedule.single(model_cfg.seq_len, steps, tok_s))
     finished = run_folder.finished_results(run_dir, dataclasses.asdict(model_cfg), steps) if resume else None
     if finished is not None:
         say(f"{run_dir} is finished (results.json of {finished.get('finished')}): nothing left to train or "
@@ -350,6 +414,7 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
                       tcfg=tcfg, dataset=dataset, bytes_per_token=bytes_per_token, run_dir=run_dir,
                       total_steps=steps, tokens_per_second=tok_s, reference_hardware=tcfg.reference_hardware,
                       flops_per_forward=fwd_flops, device=device, ddp=ddp, decode=sp.decode, resume=resume,
+                      schedule=schedule,
                       extra_results={"model_fingerprint": model.fingerprint, "model_flags": model.flags,
                                      "throughput_row": row_record(row, tcfg.tokens_per_second), **provenance})
     trainer.peak_flops = peak.flops_per_second if peak else None
@@ -357,7 +422,8 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
         run_dir.mkdir(parents=True, exist_ok=True)
     config = {"project": project, "config": config_name, "model": dataclasses.asdict(model_cfg),
               "train": dataclasses.asdict(tcfg), "steps": steps, "tokens_per_second": tok_s,
-              "throughput_row": row_record(row, tcfg.tokens_per_second)}
+              "throughput_row": row_record(row, tcfg.tokens_per_second),
+              **({"stages": schedule.records(tcfg.batch_size)} if staged else {})}
     if ddp.main:  # what scripts/evaluate.py needs to rebuild the model and its data
         write_json(run_dir / RUN_CONFIG, config)
     log = RunLog(run_dir, config, tcfg.wandb, tcfg.wandb_project, tcfg.tensorboard, enabled=ddp.main,

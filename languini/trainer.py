@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_map
 from tqdm import tqdm
 
-from languini import checkpoint, flops
+from languini import checkpoint, flops, stages
 from languini.books import SLOW_EVAL_PROTOCOLS, BooksDataset, TrainBatches
 from languini.compute_class import DEFAULT_REFERENCE_HARDWARE
 from languini.evaluation import Evaluator, evaluate_splits
@@ -37,6 +37,9 @@ class TrainConfig:
                                   "the hardware a compute class is measured on (a registry name)")
     tokens_per_second: float | None = arg(None, "throughput on the reference hardware, instead of the registry's")
     max_steps: int | None = arg(None, "train for this many steps instead of a compute class (debugging)")
+    stages: str | None = arg(None, "sequence-length stages, e.g. 128:0.25,512: a quarter of the tokens at 128, the "
+                                   "rest at 512, each charged at its own throughput (None: one stage at seq_len; "
+                                   "a project may name schedules in its configs.STAGES)")
     batch_size: int = arg(16, "global batch: sequences per optimiser step, whatever the processes and accumulation")
     micro_batches: int = arg(1, "gradient-accumulation steps per process")
     lr: float = arg(6e-4, "peak learning rate (memory values get the model's own multiple)")
@@ -196,7 +199,7 @@ class Trainer:
                  dataset: BooksDataset, bytes_per_token: torch.Tensor, run_dir: Path, total_steps: int,
                  tokens_per_second: float | None, reference_hardware: str, flops_per_forward: float | None = None,
                  device: torch.device | None = None, ddp: Dist | None = None, extra_results: dict | None = None,
-                 decode=None, resume: bool = False):
+                 decode=None, resume: bool = False, schedule: stages.Schedule | None = None):
         self.project, self.config_name, self.model_cfg, self.tcfg = project, config_name, model_cfg, tcfg
         self.dataset, self.run_dir, self.total_steps = dataset, run_dir, total_steps
         self.tokens_per_second, self.reference_hardware = tokens_per_second, reference_hardware
@@ -204,7 +207,8 @@ class Trainer:
         self.ddp = ddp or Dist()
         self.device = device or torch.device("cpu")
         self.seq_len = model_cfg.seq_len
-        self.tokens_per_step = tcfg.batch_size * self.seq_len
+        # the length of each step (without --stages, seq_len throughout) and each stage's reference throughput
+        self.schedule = schedule or stages.schedule_for_steps(tcfg.stages, self.seq_len, total_steps, tokens_per_second)
 
         torch.manual_seed(tcfg.seed)
         self.model = model_cls(model_cfg).to(self.device)
@@ -228,7 +232,7 @@ class Trainer:
             self.train_model = torch.nn.parallel.DistributedDataParallel(self.train_model, device_ids=ids)
 
         self.batches = TrainBatches(dataset.books("train"), model_cfg.vocab_size, tcfg.batch_size, self.seq_len,
-                                    tcfg.micro_batches, self.ddp.rank, self.ddp.world_size)
+                                    tcfg.micro_batches, self.ddp.rank, self.ddp.world_size, self.schedule)
         self.states = [None] * tcfg.micro_batches
         def evaluator(max_batches):
             return Evaluator(bytes_per_token, model_cfg.vocab_size, self.seq_len, self.device, tcfg.eval_batch_size,
@@ -253,8 +257,8 @@ class Trainer:
 
     # -- bookkeeping -------------------------------------------------------------------------------------
     def position(self, step: int) -> dict:
-        tokens = step * self.tokens_per_step
-        seconds = tokens / self.tokens_per_second if self.tokens_per_second else None  # None: throughput unknown
+        tokens = self.schedule.tokens(step, self.tcfg.batch_size)
+        seconds = self.schedule.accelerator_seconds(step, self.tcfg.batch_size)  # None: throughput unknown
         return {"step": step, "tokens": tokens, "accelerator_seconds": seconds}
 
     def _state_dict(self) -> dict:
@@ -263,10 +267,13 @@ class Trainer:
                 "scaler": self.scaler.state_dict() if self.scaler else None,
                 "rng": checkpoint.rng_state(), "step": self.step, "states": self.states,
                 "model_config": dataclasses.asdict(self.model_cfg), "total_steps": self.total_steps,
+                "stage_steps": list(zip(self.schedule.seq_lens, self.schedule.steps)),
                 "train_wall_seconds": self.train_seconds, "wall_seconds": dict(self.wall_seconds)}
 
     def _restore(self, ckpt: dict):
-        if ckpt["model_config"] != dataclasses.asdict(self.model_cfg) or ckpt["total_steps"] != self.total_steps:
+        stage_steps = [list(s) for s in ckpt.get("stage_steps", zip(self.schedule.seq_lens, self.schedule.steps))]
+        if (ckpt["model_config"] != dataclasses.asdict(self.model_cfg) or ckpt["total_steps"] != self.total_steps
+                or stage_steps != [list(s) for s in zip(self.schedule.seq_lens, self.schedule.steps)]):
             raise ValueError(f"The checkpoint in {self.run_dir} was trained with another model config or budget; "
                              "resume with the same flags or choose another --run_name.")
         if self.ddp.world_size > 1:  # every process carries the states of its own streams
@@ -370,9 +377,11 @@ class Trainer:
                 self.train_seconds += time.perf_counter() - t_mark
                 bar.update(1)
                 if self.step % tcfg.log_every == 0 or self.step == last:
-                    tok_s = (self.step - step_logged) * self.tokens_per_step / (self.train_seconds - seconds_logged)
+                    tokens = self.position(self.step)["tokens"] - self.position(step_logged)["tokens"]
+                    tok_s = tokens / (self.train_seconds - seconds_logged)
                     step_logged, seconds_logged = self.step, self.train_seconds
-                    row = {"event": "train", **self.position(self.step), "loss": loss,
+                    row = {"event": "train", **self.position(self.step),
+                           "seq_len": self.schedule.seq_len_at(self.step - 1), "loss": loss,
                            "lr": self.schedulers[0].get_last_lr()[0], "tokens_per_second_local": tok_s,
                            "train_wall_seconds": self.train_seconds}
                     if self.flops_per_forward and getattr(self, "peak_flops", None):
@@ -421,6 +430,7 @@ class Trainer:
             "compute_class": compute_class, "reference_hardware": self.reference_hardware,
             "tokens_per_second": self.tokens_per_second, "global_batch_size": self.tcfg.batch_size,
             "seq_len": self.seq_len, "steps": self.step, "tokens_seen": pos["tokens"],
+            **({"stages": self.schedule.records(self.tcfg.batch_size)} if self.tcfg.stages else {}),
             "accelerator_seconds": pos["accelerator_seconds"],
             "accelerator_hours": pos["accelerator_seconds"] / 3600 if pos["accelerator_seconds"] is not None else None,
             "train_wall_seconds": self.train_seconds,

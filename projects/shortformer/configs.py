@@ -1,6 +1,6 @@
 """Shortformer sizes: the GPT's Languini widths (Languini paper, Table 4) with position-infused attention and a
 cache (Press et al., "Shortformer", as in the slides "LM again?", 003_*.txt), and the staged-training schedules
-of the slides as named compute-class settings."""
+of the slides as named schedules (`--stages best_perplexity`)."""
 from dataclasses import dataclass, replace
 
 
@@ -36,6 +36,8 @@ SIZES = {
 STAGES = {
     "best_perplexity": "128:0.25,512",  # 50/205 = 0.24 of the epochs, rounded to a quarter
     "fastest_to_baseline": "128:0.6,512",  # 125/205 = 0.61 of the epochs
+    # the 'cpu' config's segment is 128: the same schedule with every length a quarter (first stage 32)
+    "cpu_best_perplexity": "32:0.25,128",
 }
 
 # As the GPT's Table 6 settings (the best GPT run per class); the Shortformer has no published Languini runs.
