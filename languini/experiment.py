@@ -394,7 +394,8 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
         return None
 
     run_name = tcfg.run_name or (f"{project}_{config_name}_{dataset.name}-{dataset.fingerprint[:8]}"
-                                 f"_{tcfg.compute_class or f'{steps}steps'}_bs{tcfg.batch_size}_seed{tcfg.seed}")
+                                 f"_{tcfg.compute_class or f'{steps}steps'}_bs{tcfg.batch_size}_seed{tcfg.seed}"
+                                 + (f"_stages{tcfg.stages.replace(':', 'x').replace(',', '-')}" if staged else ""))
     run_dir = Path(tcfg.out_dir) / run_name
     resume = run_folder.start_or_continue(run_dir, tcfg.resume, tcfg.overwrite, say, ddp.main)
     if resume and tcfg.compute_class is not None:
