@@ -205,6 +205,17 @@ def _stage_rate(registry, project: str, config_name: str, model_cfg, seq_len: in
         return None
 
 
+def stage_models(project: str, config_name: str, model_cfg, staged: tuple, time_stage=None) -> list[tuple]:
+    """Each stage with the model at its length (the config at the stage's seq_len), charged at that model's
+    throughput, and its row from `time_stage(spec, config)` where given (else None: the registry's)."""
+    models = []
+    for stage in staged:
+        cfg = dataclasses.replace(model_cfg, seq_len=stage.seq_len)
+        spec = throughput.model_spec(project, config_name, cfg)
+        models.append((stage, spec, time_stage(spec, cfg) if time_stage else None))
+    return models
+
+
 def describe_schedule(schedule: stages.Schedule) -> str:
     return ", then ".join(f"{n:,} steps at {length}" for length, n in zip(schedule.seq_lens, schedule.steps))
 
@@ -350,24 +361,11 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
         say(f"Training {project}/{config_name} for --max_steps {steps} (no compute class)"
             + (f" in stages: {describe_schedule(schedule)}." if staged else "."))
     elif tcfg.compute_class is not None:
-        def plan_for(row=None, measure_stages=False):
-            stage_models = None
-            if staged:  # each stage is the model at the stage's length, charged at that model's throughput
-                stage_models = []
-                for stage in staged:
-                    cfg = dataclasses.replace(model_cfg, seq_len=stage.seq_len)
-                    spec = throughput.model_spec(project, config_name, cfg)
-                    timed = None  # this CPU's row where the registry has none
-                    if measure_stages:
-                        try:
-                            throughput.lookup(registry, spec, tcfg.reference_hardware, tcfg.compile)
-                        except throughput.ThroughputNotFoundError:
-                            timed = cpu_row(spec, model_cls, cfg, tcfg, device, say)
-                    stage_models.append((stage, spec, timed))
+        def plan_for(row=None, time_stages=None):
             return compute_class.plan_training(
                 model, tcfg.compute_class, tcfg.batch_size, model_cfg.seq_len, registry, tcfg.reference_hardware,
                 tcfg.tokens_per_second, fwd_flops, local_hw, ddp.world_size, compiled=tcfg.compile, row=row,
-                stage_models=stage_models)
+                stage_models=stage_models(project, config_name, model_cfg, staged, time_stages) if staged else None)
 
         try:
             plan = plan_for()
@@ -377,7 +375,13 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
             if not (cpu_default and ddp.world_size == 1 and throughput.hardware_matches(tcfg.reference_hardware,
                                                                                          local_hw)):
                 raise
-            plan = (plan_for(measure_stages=True) if staged
+            def time_stage(spec, cfg):  # this CPU's row for a stage's length where the registry has none
+                try:
+                    return throughput.lookup(registry, spec, tcfg.reference_hardware, tcfg.compile)
+                except throughput.ThroughputNotFoundError:
+                    return cpu_row(spec, model_cls, cfg, tcfg, device, say)
+
+            plan = (plan_for(time_stages=time_stage) if staged
                     else plan_for(cpu_row(model, model_cls, model_cfg, tcfg, device, say)))
         if ddp.main:
             plan = dataclasses.replace(plan, evaluation=eval_work(dataset, tcfg, model_cfg.seq_len, plan.steps, stateful))
