@@ -54,7 +54,8 @@ def main_cli(argv=None) -> None:
               f"{fast['normalised_perplexity']:>9.4f} {slow['normalised_perplexity']:>9.4f} "
               f"{r['train_wall_seconds']:>8.1f} {wall:>7.1f}")
     print("ref. s: reference (here: this CPU's) seconds charged; train s: wall time of the training steps; wall s: "
-          "the whole run with its timing, evaluations and checkpoints (0 for a run reused from --out_dir).")
+          "this script's time for the run (timing, training, evaluations, checkpoints; near 0 for a finished run "
+          "reused from --out_dir).")
 
 
 if __name__ == "__main__":
