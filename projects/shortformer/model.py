@@ -46,13 +46,16 @@ class Attention(nn.Module):
         """h: (B, T, d) the normalised segment; h_cache: (B, L, d) the normalised cache or None; pos: (L + T, d)
         sinusoids of positions 1..L+T. Queries and keys read h + pos, values read h only."""
         B, T, _ = h.shape
-        full = h if h_cache is None else torch.cat([h_cache, h], dim=1)
-        S = full.shape[1]
-        q, k, v = self.qkv(full).split(self.inner, dim=-1)  # one matmul: W x (+ bias) for q, k and v
+        q, k, v = self.qkv(h).split(self.inner, dim=-1)  # one matmul: W x (+ bias) for q, k and v
+        if h_cache is not None:  # the cache needs keys and values only
+            k_cache, v_cache = F.linear(h_cache, self.qkv.weight[self.inner:], self.qkv.bias[self.inner:]).split(
+                self.inner, dim=-1)
+            k, v = torch.cat([k_cache, k], dim=1), torch.cat([v_cache, v], dim=1)
+        S = k.shape[1]
         # W_q (x + P) = W_q x + W_q P: the positions' projection is (L + T, d) x (d, 2 inner), shared by the batch
         w_qk = self.qkv.weight[:2 * self.inner]
         pos_q, pos_k = F.linear(pos.to(w_qk.dtype), w_qk).split(self.inner, dim=-1)
-        q, k = q[:, S - T:] + pos_q[S - T:], k + pos_k
+        q, k = q + pos_q[S - T:], k + pos_k
 
         def heads(t):
             return t.view(B, t.shape[1], self.n_heads, self.d_head).transpose(1, 2)
