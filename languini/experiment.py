@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from languini import (compute_class, data_check, default_corpus, evaluation, flops, measure, run_folder, throughput,
-                      tokenizer)
+from languini import (compute_class, data_check, default_corpus, evaluation, flops, measure, model_contract,
+                      run_folder, throughput, tokenizer)
 from languini.books import BooksDataset, DataError
 from languini.evaluation import describe_slow_protocol
 from languini.checkpoint import CheckpointError
@@ -122,12 +122,6 @@ def load_tokenizer(ds: BooksDataset, tcfg: TrainConfig, vocab_size: int):
     return sp
 
 
-@torch.no_grad()
-def is_stateful(model: torch.nn.Module, device: torch.device) -> bool:
-    """Whether the model carries a state from batch to batch (its slow evaluation then reads the split once)."""
-    return model.eval()(torch.zeros((1, 1), dtype=torch.long, device=device))[1] is not None
-
-
 def eval_work(dataset: BooksDataset, tcfg: TrainConfig, seq_len: int, steps: int,
               stateful: bool) -> compute_class.EvalWork:
     """The evaluation a run of `steps` steps will do with these eval settings, in token positions."""
@@ -166,6 +160,53 @@ def cpu_row(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainConfig
     return row
 
 
+def budget(tcfg: TrainConfig, model: throughput.ModelSpec, model_cls, model_cfg, device: torch.device, ddp: Dist,
+           fwd_flops: float | None, dataset: BooksDataset, stateful: bool, cpu_default: bool,
+           say) -> tuple[int, float | None, throughput.ThroughputRow | None]:
+    """The run's budget from --max_steps or --compute_class: (steps, tokens/s on the reference hardware, the
+    throughput row they came from). Without a row, --max_steps leaves the throughput None (accelerator time
+    unknown); --compute_class prints its plan, and on the CPU path times a model it has no row for."""
+    registry, local_hw = throughput.registry_path(model.project), throughput.local_device_name(device)
+    row = None
+    if tcfg.max_steps is not None:
+        steps = tcfg.max_steps
+        tok_s = tcfg.tokens_per_second
+        if tok_s is None:
+            try:
+                row = throughput.lookup(registry, model, tcfg.reference_hardware, tcfg.compile)
+                tok_s = row.tokens_per_second
+            except throughput.ThroughputNotFoundError:
+                pass  # accelerator time is unknown without a throughput
+        say(f"Training {model.project}/{model.config} for --max_steps {steps} (no compute class).")
+    elif tcfg.compute_class is not None:
+        def plan_for(row=None):
+            return compute_class.plan_training(
+                model, tcfg.compute_class, tcfg.batch_size, model_cfg.seq_len, registry, tcfg.reference_hardware,
+                tcfg.tokens_per_second, fwd_flops, local_hw, ddp.world_size, compiled=tcfg.compile, row=row)
+
+        try:
+            plan = plan_for()
+        except throughput.ThroughputNotFoundError:
+            # The CPU path's reference is this machine: a model it has no row for (another vocabulary, other
+            # flags) is timed here. Processes would time it differently, so not under torchrun.
+            if not (cpu_default and ddp.world_size == 1 and throughput.hardware_matches(tcfg.reference_hardware,
+                                                                                         local_hw)):
+                raise
+            plan = plan_for(cpu_row(model, model_cls, model_cfg, tcfg, device, say))
+        if ddp.main:
+            plan = dataclasses.replace(plan, evaluation=eval_work(dataset, tcfg, model_cfg.seq_len, plan.steps, stateful))
+        say(compute_class.format_plan(plan))
+        if cpu_default and tcfg.compute_class in compute_class.PAPER_COMPUTE_CLASSES:
+            say(f"Note: without a GPU, --compute_class {tcfg.compute_class} means {tcfg.compute_class} of this CPU "
+                f"training the toy config '{CPU_CONFIG}', not the paper's {tcfg.compute_class} class on an RTX 3090. "
+                "For a smoke run of a few minutes use --compute_class 2m; to plan the paper's class, name its "
+                "config (--config small --dry_run true) on the book data it is defined for (vocab 16384).")
+        steps, tok_s, row = plan.steps, plan.tokens_per_second, plan.throughput_row
+    else:
+        raise ValueError("Give a budget: --compute_class (e.g. 6h, 24h, 15m, 90s) or --max_steps N.")
+    return steps, tok_s, row
+
+
 def budget_of_run(run_dir: Path, steps: int, tok_s: float, row, say) -> tuple:
     """A resumed run keeps the budget it started with, even if the registry has gained a newer row since."""
     try:
@@ -187,6 +228,29 @@ def row_record(row: throughput.ThroughputRow | None, tokens_per_second: float | 
         return dataclasses.asdict(row)
     return None if tokens_per_second is None else {"source": "--tokens_per_second",
                                                    "tokens_per_second": tokens_per_second}
+
+
+def run_results(trainer: Trainer, evals: dict) -> dict:
+    """The body of results.json: what was trained, for how long, and its evaluations (`evals`)."""
+    tcfg, pos, fwd = trainer.tcfg, trainer.position(trainer.step), trainer.flops_per_forward
+    return {
+        "project": trainer.project, "config": trainer.config_name,
+        "model_config": dataclasses.asdict(trainer.model_cfg), "train_config": dataclasses.asdict(tcfg),
+        "compute_class": tcfg.compute_class, "reference_hardware": tcfg.reference_hardware,
+        "tokens_per_second": trainer.tokens_per_second, "global_batch_size": tcfg.batch_size,
+        "seq_len": trainer.seq_len, "steps": trainer.step, "tokens_seen": pos["tokens"],
+        "accelerator_seconds": pos["accelerator_seconds"],
+        "accelerator_hours": pos["accelerator_seconds"] / 3600 if pos["accelerator_seconds"] is not None else None,
+        "train_wall_seconds": trainer.train_seconds,
+        "parameters": sum(p.numel() for p in trainer.model.parameters()),
+        "flops_per_forward": fwd,
+        "total_flops": flops.train_flops_per_token(fwd, trainer.seq_len) * pos["tokens"] if fwd else None,
+        "dataset": str(trainer.dataset.dir.resolve()), "dataset_name": trainer.dataset.name,
+        "dataset_fingerprint": trainer.dataset.fingerprint, "precision": trainer.precision,
+        "wall_seconds": {**trainer.wall_seconds, "total": sum(trainer.wall_seconds.values())},
+        "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **evals,
+    }
 
 
 def file_fingerprint(path: Path) -> str:
@@ -230,12 +294,15 @@ def check_values(tcfg: TrainConfig, model_cfg) -> None:
                          "steps of a compute class (its schedule unchanged), add --stop_at_step N to the class.")
 
 
-def main(project: str, configs, model_cls, argv: list[str] | None = None) -> dict | None:
+def main(project: str, configs, model_cls, argv: list[str] | None = None, trainer_cls: type[Trainer] = Trainer
+         ) -> dict | None:
+    """The command line of projects/<project>/train.py; trainer_cls: a subclass of Trainer (its own training
+    step, say) to train with."""
     args = build_parser(project, configs).parse_args(argv)
     try:
         # SIGTERM/SIGUSR1/SIGINT: the run stops after its current step with a checkpoint and exits unfinished
         with StopSignals(announce=int(os.environ.get("RANK", "0")) == 0) as stop:
-            return run(project, configs, model_cls, args, stop)
+            return run(project, configs, model_cls, args, stop, trainer_cls)
     except StopRequested as e:  # exit code EXIT_UNFINISHED tells a requeue script to run the same command again
         if e.announce:
             command = run_folder.continue_command(project, sys.argv[1:] if argv is None else argv,
@@ -246,12 +313,14 @@ def main(project: str, configs, model_cls, argv: list[str] | None = None) -> dic
         print("Interrupted at once: the run's last checkpoint is kept; continue with --resume auto.", file=sys.stderr)
         sys.exit(130)
     except (DataError, ValueError, FileExistsError, FileNotFoundError, throughput.ThroughputNotFoundError,
-            NonFiniteLoss, CheckpointError) as e:
+            NonFiniteLoss, CheckpointError, model_contract.ContractError) as e:
         sys.exit(f"error: {e}")
 
 
-def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSignals | None = None) -> dict | None:
+def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSignals | None = None,
+        trainer_cls: type[Trainer] = Trainer) -> dict | None:
     stop = stop or StopSignals()  # not installed: never stops
+    stateful = model_contract.stateful(model_cls)  # a model that does not declare it fails before any work
     ddp = init_distributed()
     say = print if ddp.main else (lambda *a, **k: None)
     device = torch.device(f"cuda:{ddp.local_rank}" if torch.cuda.is_available() else "cpu")
@@ -283,50 +352,12 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
 
     local_hw = throughput.local_device_name(device)
     model = throughput.model_spec(project, config_name, model_cfg)
-    fwd_flops = stateful = None
+    fwd_flops = None
     if ddp.main:
-        probe = model_cls(model_cfg).to(device)
-        fwd_flops = flops.forward_flops(probe, model_cfg.seq_len, model_cfg.vocab_size, device)
-        stateful = is_stateful(probe, device)
-        del probe
-    registry = throughput.registry_path(project)
-    row = None
-    if tcfg.max_steps is not None:
-        steps = tcfg.max_steps
-        tok_s = tcfg.tokens_per_second
-        if tok_s is None:
-            try:
-                row = throughput.lookup(registry, model, tcfg.reference_hardware, tcfg.compile)
-                tok_s = row.tokens_per_second
-            except throughput.ThroughputNotFoundError:
-                pass  # accelerator time is unknown without a throughput
-        say(f"Training {project}/{config_name} for --max_steps {steps} (no compute class).")
-    elif tcfg.compute_class is not None:
-        def plan_for(row=None):
-            return compute_class.plan_training(
-                model, tcfg.compute_class, tcfg.batch_size, model_cfg.seq_len, registry, tcfg.reference_hardware,
-                tcfg.tokens_per_second, fwd_flops, local_hw, ddp.world_size, compiled=tcfg.compile, row=row)
-
-        try:
-            plan = plan_for()
-        except throughput.ThroughputNotFoundError:
-            # The CPU path's reference is this machine: a model it has no row for (another vocabulary, other
-            # flags) is timed here. Processes would time it differently, so not under torchrun.
-            if not (cpu_default and ddp.world_size == 1 and throughput.hardware_matches(tcfg.reference_hardware,
-                                                                                         local_hw)):
-                raise
-            plan = plan_for(cpu_row(model, model_cls, model_cfg, tcfg, device, say))
-        if ddp.main:
-            plan = dataclasses.replace(plan, evaluation=eval_work(dataset, tcfg, model_cfg.seq_len, plan.steps, stateful))
-        say(compute_class.format_plan(plan))
-        if cpu_default and tcfg.compute_class in compute_class.PAPER_COMPUTE_CLASSES:
-            say(f"Note: without a GPU, --compute_class {tcfg.compute_class} means {tcfg.compute_class} of this CPU "
-                f"training the toy config '{CPU_CONFIG}', not the paper's {tcfg.compute_class} class on an RTX 3090. "
-                "For a smoke run of a few minutes use --compute_class 2m; to plan the paper's class, name its "
-                "config (--config small --dry_run true) on the book data it is defined for (vocab 16384).")
-        steps, tok_s, row = plan.steps, plan.tokens_per_second, plan.throughput_row
-    else:
-        raise ValueError("Give a budget: --compute_class (e.g. 6h, 24h, 15m, 90s) or --max_steps N.")
+        fwd_flops = flops.forward_flops(model_cls(model_cfg).to(device), model_cfg.seq_len, model_cfg.vocab_size,
+                                        device)
+    steps, tok_s, row = budget(tcfg, model, model_cls, model_cfg, device, ddp, fwd_flops, dataset, stateful,
+                               cpu_default, say)
     if tcfg.dry_run:
         return None
 
@@ -346,13 +377,11 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     provenance = {"tokenizer": str(tokenizer_file.resolve()), "tokenizer_fingerprint": file_fingerprint(tokenizer_file),
                   "git": git_state()}
     peak = flops.device_peak(local_hw)
-    trainer = Trainer(project=project, config_name=config_name, model_cfg=model_cfg, model_cls=model_cls,
-                      tcfg=tcfg, dataset=dataset, bytes_per_token=bytes_per_token, run_dir=run_dir,
-                      total_steps=steps, tokens_per_second=tok_s, reference_hardware=tcfg.reference_hardware,
-                      flops_per_forward=fwd_flops, device=device, ddp=ddp, decode=sp.decode, resume=resume,
-                      extra_results={"model_fingerprint": model.fingerprint, "model_flags": model.flags,
-                                     "throughput_row": row_record(row, tcfg.tokens_per_second), **provenance})
-    trainer.peak_flops = peak.flops_per_second if peak else None
+    trainer = trainer_cls(project=project, config_name=config_name, model_cfg=model_cfg, model_cls=model_cls,
+                          tcfg=tcfg, dataset=dataset, bytes_per_token=bytes_per_token, run_dir=run_dir,
+                          total_steps=steps, tokens_per_second=tok_s, flops_per_forward=fwd_flops,
+                          peak_flops=peak.flops_per_second if peak else None, device=device, ddp=ddp,
+                          decode=sp.decode, resume=resume)
     if ddp.main:  # only now: a batch the data cannot fill fails above without leaving an empty run folder
         run_dir.mkdir(parents=True, exist_ok=True)
     config = {"project": project, "config": config_name, "model": dataclasses.asdict(model_cfg),
@@ -377,7 +406,9 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
         stop.stop_at_once()  # the last step's checkpoint is on disk: a signal may end the evaluation at once
         say(f"Final evaluation (fast: all predictions of eval batches; slow: "
             f"{describe_slow_protocol(trainer.evaluator.slow_protocol_for(trainer.stateful))}):")
-        results = trainer.results(trainer.final_evaluation(log), tcfg.compute_class)
+        results = {**run_results(trainer, trainer.final_evaluation(log)), "model_fingerprint": model.fingerprint,
+                   "model_flags": model.flags, "throughput_row": row_record(row, tcfg.tokens_per_second),
+                   **provenance}
     finally:
         log.close()
     if ddp.main:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from languini import checkpoint, experiment, tokenizer
+from languini import checkpoint, experiment, model_contract, tokenizer
 from languini.books import SLOW_EVAL_PROTOCOLS, DataError
 from languini.evaluation import Evaluator, describe_slow_protocol, evaluate_splits
 from languini.trainer import TrainConfig, init_distributed, precision_for, write_json
@@ -82,7 +82,7 @@ def main(argv=None) -> dict | None:
     args = parse_args(argv)
     try:
         return evaluate(args)
-    except (DataError, ValueError, FileNotFoundError, checkpoint.CheckpointError) as e:
+    except (DataError, ValueError, FileNotFoundError, checkpoint.CheckpointError, model_contract.ContractError) as e:
         sys.exit(f"error: {e}")
 
 
@@ -113,7 +113,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
 
     model = model_cls(model_cfg).to(device)
     model.load_state_dict(ckpt["model"])
-    stateful = experiment.is_stateful(model, device)  # also puts the model in eval mode
+    stateful = model_contract.stateful(model_cls)
     autocast, _, precision = precision_for(device, tcfg.precision)
     evaluator = Evaluator(torch.from_numpy(tokenizer.bytes_per_token(sp)), model_cfg.vocab_size, model_cfg.seq_len,
                           device, tcfg.eval_batch_size, tcfg.eval_max_batches, tcfg.slow_eval_max_windows, autocast,
