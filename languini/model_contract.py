@@ -92,7 +92,7 @@ def output_head(model) -> torch.nn.Module:
     """The output layer whose inputs an after-step hook receives."""
     head = getattr(model, "head", None)
     if not isinstance(head, torch.nn.Module):
-        raise ContractError(f"{type(model).__name__} defines after_step, which receives the inputs of the output layer: "
-                        f"it needs that layer as the module `head` (see {CONTRACT}).")
+        raise ContractError(f"{type(model).__name__} defines after_step, which receives the inputs of the output "
+                            f"layer: it needs that layer as the module `head` (see {CONTRACT}).")
     return head
 

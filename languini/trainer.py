@@ -65,17 +65,6 @@ class TrainConfig:
     precision: str = arg("auto", "auto (bf16 if supported, else fp16 with a grad scaler; fp32 on CPU), bf16, fp16, fp32")
     compile: bool = arg(False, "torch.compile the model (true/false)")
     seed: int = arg(0, "seed of the model's initialisation")
-    data_root: str | None = arg(None, "folder holding books_<vocab>/; None: data/ or the embedded default corpus")
-    tokenizer: str | None = arg(None, "SentencePiece model of the data, if not inside the data folder")
-    out_dir: str = arg("runs", "where run folders go")
-    run_name: str | None = arg(None, "run folder name; None: project_config_class_batch_seed")
-    resume: str = arg("false", "continue the run in the run folder from its checkpoint: true, false, or auto "
-                               "(continue if there is a checkpoint, else start; for requeued jobs)")
-    overwrite: bool = arg(False, "replace the run already in the run folder by a fresh one (true/false)")
-    wandb: bool = arg(False, "log to Weights & Biases (true/false; offline without an API key)")
-    wandb_project: str = arg("languini", "Weights & Biases project")
-    tensorboard: bool = arg(False, "log to TensorBoard (true/false; needs the tensorboard package)")
-    dry_run: bool = arg(False, "print the training plan and exit (true/false)")
 
 
 class NonFiniteLoss(RuntimeError):

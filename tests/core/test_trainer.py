@@ -177,6 +177,49 @@ def test_a_model_without_after_step_records_nothing(default_corpus_root, tmp_pat
     assert trainer.step_hidden is None and not trainer.model.head._forward_hooks
 
 
+class CountingTrainer(Trainer):
+    """A project's own training step: here it records the batches it is given, then trains as usual."""
+
+    instances = []
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.seen = []
+        CountingTrainer.instances.append(self)
+
+    def train_step(self, x, y):
+        self.seen.append(tuple(x.shape))
+        return super().train_step(x, y)
+
+
+def test_a_project_trains_with_its_own_trainer_subclass(default_corpus_root, tmp_path, monkeypatch):
+    monkeypatch.setattr(CountingTrainer, "instances", [])
+    args = TINY + ["--data_root", str(default_corpus_root), "--max_steps", "3", "--micro_batches", "2",
+                   "--out_dir", str(tmp_path), "--run_name", "r"]
+    assert main("gpt", configs, Model, args, trainer_cls=CountingTrainer)["steps"] == 3
+    [trainer] = CountingTrainer.instances
+    assert trainer.seen == [(2, 2, 32)] * 3  # micro-batches x sequences x tokens, once per step
+
+
+class Undeclared(torch.nn.Module):
+    """A model that does not say whether it carries a state."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.emb = torch.nn.Embedding(cfg.vocab_size, cfg.vocab_size)
+
+    def forward(self, x, state=None):
+        return self.emb(x), None
+
+
+def test_a_model_without_stateful_fails_naming_the_contract(default_corpus_root, tmp_path):
+    args = TINY + ["--data_root", str(default_corpus_root), "--max_steps", "1", "--out_dir", str(tmp_path)]
+    with pytest.raises(SystemExit, match="Undeclared must declare the class attribute `stateful = True`.*"
+                                         "languini/model_contract.py"):
+        main("gpt", configs, Undeclared, args)
+    assert list(tmp_path.iterdir()) == []
+
+
 class NanAfter3(Model):
     def __init__(self, cfg):
         super().__init__(cfg)
