@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from languini.books import (SLOW_EVAL_PROTOCOLS, Book, distribute, eval_batches, sliding_windows, token_count,
                             window_plan)
+from languini.model_contract import WithMemoryStats
 
 TOP_K = (1, 10)  # the accuracies the official code reports
 
@@ -196,12 +197,12 @@ def evaluate_splits(evaluator: Evaluator, model, dataset, splits: list[str], sta
         books = dataset.books(split)
         rows, seconds = {}, {}
         if "fast" in modes:
-            if hasattr(model, "reset_memory_stats"):
+            if isinstance(model, WithMemoryStats):
                 model.reset_memory_stats()
             started = time.perf_counter()
             rows["fast"] = evaluator.fast(model, books).as_dict()
             seconds["fast"] = time.perf_counter() - started
-            if hasattr(model, "memory_stats"):
+            if isinstance(model, WithMemoryStats):
                 memory_stats[split] = model.memory_stats()
         if "slow" in modes:
             started = time.perf_counter()

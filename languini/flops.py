@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from languini import model_contract
 from languini.throughput import normalise_hardware
 
 
@@ -35,7 +36,7 @@ def forward_flops(model: torch.nn.Module, seq_len: int, vocab_size: int, device:
     finally:
         profiler.end_profile()
         ds_profiler.wrapFunc = wrap
-    extra = model.extra_flops(seq_len) if hasattr(model, "extra_flops") else 0
+    extra = model.extra_flops(seq_len) if isinstance(model, model_contract.WithExtraFlops) else 0
     return int(flops) + int(extra)
 
 

@@ -1,13 +1,13 @@
 """The one language-model trainer shared by all projects.
 
-Model contract: `model(x, state) -> (logits, state)`; stateless models return None. The state of every
-micro-batch (its streams) is carried from step to step, detached, and saved in checkpoints.
+The model follows languini/model_contract.py. The state of every micro-batch (its streams) is carried from step
+to step, detached, and saved in checkpoints. A project changes the training step by subclassing Trainer and
+passing it to languini.experiment.main(..., trainer_cls=...).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import json
 import math
 import os
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_map
 from tqdm import tqdm
 
-from languini import checkpoint, flops
+from languini import checkpoint, flops, model_contract
 from languini.books import SLOW_EVAL_PROTOCOLS, BooksDataset, TrainBatches
 from languini.compute_class import DEFAULT_REFERENCE_HARDWARE
 from languini.evaluation import Evaluator, evaluate_splits
@@ -65,17 +65,6 @@ class TrainConfig:
     precision: str = arg("auto", "auto (bf16 if supported, else fp16 with a grad scaler; fp32 on CPU), bf16, fp16, fp32")
     compile: bool = arg(False, "torch.compile the model (true/false)")
     seed: int = arg(0, "seed of the model's initialisation")
-    data_root: str | None = arg(None, "folder holding books_<vocab>/; None: data/ or the embedded default corpus")
-    tokenizer: str | None = arg(None, "SentencePiece model of the data, if not inside the data folder")
-    out_dir: str = arg("runs", "where run folders go")
-    run_name: str | None = arg(None, "run folder name; None: project_config_class_batch_seed")
-    resume: str = arg("false", "continue the run in the run folder from its checkpoint: true, false, or auto "
-                               "(continue if there is a checkpoint, else start; for requeued jobs)")
-    overwrite: bool = arg(False, "replace the run already in the run folder by a fresh one (true/false)")
-    wandb: bool = arg(False, "log to Weights & Biases (true/false; offline without an API key)")
-    wandb_project: str = arg("languini", "Weights & Biases project")
-    tensorboard: bool = arg(False, "log to TensorBoard (true/false; needs the tensorboard package)")
-    dry_run: bool = arg(False, "print the training plan and exit (true/false)")
 
 
 class NonFiniteLoss(RuntimeError):
@@ -159,7 +148,7 @@ def build_optimizers(model: torch.nn.Module, lr: float, device: torch.device):
 
     Groups marked "sparse" (memory values with row-sparse gradients) get a lazy SparseAdam: only rows read move.
     """
-    groups = (model.optimizer_groups(lr) if hasattr(model, "optimizer_groups")
+    groups = (model.optimizer_groups(lr) if isinstance(model, model_contract.WithOptimizerGroups)
               else [{"params": list(model.parameters()), "lr": lr}])
     dense = [{k: v for k, v in g.items() if k != "sparse"} for g in groups if not g.get("sparse")]
     sparse = [{k: v for k, v in g.items() if k != "sparse"} for g in groups if g.get("sparse")]
@@ -192,15 +181,21 @@ def init_distributed() -> Dist:
 
 
 class Trainer:
+    """Trains one model for `total_steps` steps and evaluates it; the run's records are languini/experiment.py's.
+
+    tokens_per_second: throughput on the reference hardware (None: accelerator time unknown); flops_per_forward
+    and peak_flops (of the local device): for the MFU of the log rows, when both are known.
+    """
+
     def __init__(self, *, project: str, config_name: str, model_cfg, model_cls, tcfg: TrainConfig,
                  dataset: BooksDataset, bytes_per_token: torch.Tensor, run_dir: Path, total_steps: int,
-                 tokens_per_second: float | None, reference_hardware: str, flops_per_forward: float | None = None,
-                 device: torch.device | None = None, ddp: Dist | None = None, extra_results: dict | None = None,
+                 tokens_per_second: float | None, flops_per_forward: float | None = None,
+                 peak_flops: float | None = None, device: torch.device | None = None, ddp: Dist | None = None,
                  decode=None, resume: bool = False):
         self.project, self.config_name, self.model_cfg, self.tcfg = project, config_name, model_cfg, tcfg
         self.dataset, self.run_dir, self.total_steps = dataset, run_dir, total_steps
-        self.tokens_per_second, self.reference_hardware = tokens_per_second, reference_hardware
-        self.flops_per_forward, self.extra_results = flops_per_forward, extra_results or {}
+        self.tokens_per_second, self.flops_per_forward, self.peak_flops = tokens_per_second, flops_per_forward, peak_flops
+        self.stateful = model_contract.stateful(model_cls)
         self.ddp = ddp or Dist()
         self.device = device or torch.device("cpu")
         self.seq_len = model_cfg.seq_len
@@ -208,6 +203,10 @@ class Trainer:
 
         torch.manual_seed(tcfg.seed)
         self.model = model_cls(model_cfg).to(self.device)
+        self.step_hidden = None  # the output layer's inputs of this step, for an after-step hook; else None
+        if isinstance(self.model, model_contract.WithAfterStep):
+            self.step_hidden = []
+            model_contract.output_head(self.model).register_forward_hook(self._record_hidden)
         self.optimizers, self.dense_params = build_optimizers(self.model, tcfg.lr, self.device)
         if len(self.optimizers) > 1 and self.ddp.world_size > 1:
             raise ValueError("Row-sparse value gradients are single-process only; use --sparse_values false with DDP.")
@@ -249,7 +248,7 @@ class Trainer:
             ckpt, path = checkpoint.load(run_dir, self.device, warn=print if self.ddp.main else lambda _: None)
             # after a fallback the unreadable latest is overwritten and the good previous one kept
             self.keep_previous_checkpoint = path.name == checkpoint.CHECKPOINT
-            self._restore(ckpt)
+            self.load_state_dict(ckpt)
 
     # -- bookkeeping -------------------------------------------------------------------------------------
     def position(self, step: int) -> dict:
@@ -257,7 +256,8 @@ class Trainer:
         seconds = tokens / self.tokens_per_second if self.tokens_per_second else None  # None: throughput unknown
         return {"step": step, "tokens": tokens, "accelerator_seconds": seconds}
 
-    def _state_dict(self) -> dict:
+    def state_dict(self) -> dict:
+        """Everything an exact resume needs: model, optimisers, schedules, RNGs, the carried states, the clocks."""
         return {"model": self.model.state_dict(), "optimizers": [o.state_dict() for o in self.optimizers],
                 "schedulers": [s.state_dict() for s in self.schedulers],
                 "scaler": self.scaler.state_dict() if self.scaler else None,
@@ -265,7 +265,8 @@ class Trainer:
                 "model_config": dataclasses.asdict(self.model_cfg), "total_steps": self.total_steps,
                 "train_wall_seconds": self.train_seconds, "wall_seconds": dict(self.wall_seconds)}
 
-    def _restore(self, ckpt: dict):
+    def load_state_dict(self, ckpt: dict) -> None:
+        """Continue from a state_dict() (a checkpoint) of a run with the same model config and budget."""
         if ckpt["model_config"] != dataclasses.asdict(self.model_cfg) or ckpt["total_steps"] != self.total_steps:
             raise ValueError(f"The checkpoint in {self.run_dir} was trained with another model config or budget; "
                              "resume with the same flags or choose another --run_name.")
@@ -298,7 +299,7 @@ class Trainer:
             checkpoint.save_rank_states(self.run_dir, self.ddp.rank, self.step, self.states, keep)
             dist.barrier()  # the main checkpoint only once every process has its states on disk
         if self.ddp.main:
-            checkpoint.save(self.run_dir, {**self._state_dict(), "log_rows": log_rows}, keep)
+            checkpoint.save(self.run_dir, {**self.state_dict(), "log_rows": log_rows}, keep)
         self.keep_previous_checkpoint = True
 
     def _checkpoint(self, log):
@@ -306,6 +307,16 @@ class Trainer:
         self.save(log.rows)
 
     # -- training ----------------------------------------------------------------------------------------
+    def _record_hidden(self, head, args, output) -> None:
+        if head.training:
+            self.step_hidden.append(args[0].detach())
+
+    @torch.no_grad()
+    def after_step(self, y: torch.Tensor) -> None:
+        """The model's after-step hook with this step's hidden states and targets (model_contract.WithAfterStep)."""
+        hidden, self.step_hidden = torch.cat(self.step_hidden), []
+        self.model.after_step(hidden, y.flatten(0, 1).to(self.device))
+
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
         """One optimiser step over the micro-batches; returns the mean loss over the global batch."""
         for opt in self.optimizers:
@@ -331,14 +342,12 @@ class Trainer:
         step_optimizers(self.optimizers, self.scaler)
         for sched in self.schedulers:
             sched.step()
+        if self.step_hidden is not None:
+            self.after_step(y)
         if self.ddp.world_size > 1:
             dist.all_reduce(total)  # SUM: gloo (CPU) has no AVG
             total /= self.ddp.world_size
         return total.item()
-
-    @property
-    def stateful(self) -> bool:
-        return any(s is not None for s in self.states)
 
     def train(self, log, stop: StopSignals | None = None) -> None:
         """Train to the last step (or --stop_at_step); after a stop signal, to the end of the current step."""
@@ -375,7 +384,7 @@ class Trainer:
                     row = {"event": "train", **self.position(self.step), "loss": loss,
                            "lr": self.schedulers[0].get_last_lr()[0], "tokens_per_second_local": tok_s,
                            "train_wall_seconds": self.train_seconds}
-                    if self.flops_per_forward and getattr(self, "peak_flops", None):
+                    if self.flops_per_forward and self.peak_flops:
                         row["mfu"] = flops.mfu(self.flops_per_forward, self.seq_len, tok_s, self.peak_flops)
                     log.write(row)
                     bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}",
@@ -411,28 +420,6 @@ class Trainer:
                                 say=say)
         self.wall_seconds["final_evaluation"] += time.perf_counter() - start
         return evals
-
-    def results(self, evals: dict, compute_class: str | None) -> dict:
-        pos = self.position(self.step)
-        fwd = self.flops_per_forward
-        return {
-            "project": self.project, "config": self.config_name,
-            "model_config": dataclasses.asdict(self.model_cfg), "train_config": dataclasses.asdict(self.tcfg),
-            "compute_class": compute_class, "reference_hardware": self.reference_hardware,
-            "tokens_per_second": self.tokens_per_second, "global_batch_size": self.tcfg.batch_size,
-            "seq_len": self.seq_len, "steps": self.step, "tokens_seen": pos["tokens"],
-            "accelerator_seconds": pos["accelerator_seconds"],
-            "accelerator_hours": pos["accelerator_seconds"] / 3600 if pos["accelerator_seconds"] is not None else None,
-            "train_wall_seconds": self.train_seconds,
-            "parameters": sum(p.numel() for p in self.model.parameters()),
-            "flops_per_forward": fwd,
-            "total_flops": flops.train_flops_per_token(fwd, self.seq_len) * pos["tokens"] if fwd else None,
-            "dataset": str(self.dataset.dir.resolve()), "dataset_name": self.dataset.name,
-            "dataset_fingerprint": self.dataset.fingerprint, "precision": self.precision,
-            "wall_seconds": {**self.wall_seconds, "total": sum(self.wall_seconds.values())},
-            "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            **evals, **self.extra_results,
-        }
 
 
 def write_json(path: Path, data: dict) -> None:

@@ -102,6 +102,8 @@ def lram_block(cfg: ModelConfig) -> LRAMBlock:
 
 
 class Model(nn.Module):
+    stateful = False  # every window starts afresh (languini/model_contract.py)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg

@@ -73,6 +73,8 @@ def memory_layer_index(cfg: ModelConfig) -> int:
 
 
 class Model(nn.Module):
+    stateful = False  # every window starts afresh (languini/model_contract.py)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg

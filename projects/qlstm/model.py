@@ -43,6 +43,8 @@ class Block(nn.Module):
 
 
 class Model(nn.Module):
+    stateful = True  # each layer's cell state is carried to the next batch of a stream (languini/model_contract.py)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         _check_config(cfg)
