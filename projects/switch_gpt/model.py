@@ -202,6 +202,17 @@ class Model(nn.Module):
             total -= (E - layer.k) * per_expert
         return total
 
+    def extra_flops(self, seq_len: int) -> int:
+        """Forward FLOPs at batch 1 that DeepSpeed's profiler misses: on the Triton path (GPU) the experts, as
+        the profiler counts the loop's (2 FLOPs per multiply-add, 1 per GELU), for k choices of every token
+        (the nominal count: the overflow of a training batch is not subtracted). The loop (CPU) it sees."""
+        uses_kernel = self.cfg.experts_impl == "triton" or (self.cfg.experts_impl == "auto"
+                                                             and self.head.weight.is_cuda)
+        if not uses_kernel:
+            return 0
+        d, h = self.cfg.d_model, self.cfg.mlp_ratio * self.cfg.d_model
+        return sum(layer.k * seq_len * (4 * d * h + h) for layer in self.switch_layers().values())
+
     # -- expert load (memory statistics) ----------------------------------------------------------------
     def reset_memory_stats(self) -> None:
         """Start counting the expert load of every forward pass in eval mode until the next reset."""
