@@ -19,9 +19,12 @@ def experts_naive(x: torch.Tensor, expert_index: torch.Tensor, gates: torch.Tens
         expert_index[n, j]; zero for a token with every choice dropped.
     """
     out = torch.zeros_like(x)
-    for e in range(fc_weight.shape[0]):
+    # unbind, not indexing per expert: its backward stacks the experts' gradients once, where each index's
+    # backward would write a gradient the size of all experts
+    experts = zip(fc_weight.unbind(0), fc_bias.unbind(0), proj_weight.unbind(0), proj_bias.unbind(0))
+    for e, (w1, b1, w2, b2) in enumerate(experts):
         token, choice = (expert_index == e).nonzero(as_tuple=True)
-        h = F.gelu(x[token] @ fc_weight[e] + fc_bias[e], approximate="tanh")
-        y = (h @ proj_weight[e] + proj_bias[e]) * gates[token, choice, None]
+        h = F.gelu(x[token] @ w1 + b1, approximate="tanh")
+        y = (h @ w2 + b2) * gates[token, choice, None]
         out = out.index_add(0, token, y.to(out.dtype))
     return out
