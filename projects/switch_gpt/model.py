@@ -54,6 +54,11 @@ def within_capacity(choice: torch.Tensor, n_experts: int, capacity: int) -> torc
     return (slot < capacity).view(choice.shape[1], -1).t()
 
 
+def count_per_expert(index: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """How often each expert appears in `index`; a fixed shape (bincount's depends on the data under compile)."""
+    return torch.zeros(n_experts, dtype=torch.long, device=index.device).scatter_add_(0, index, torch.ones_like(index))
+
+
 def truncated_normal_(weight: torch.Tensor, scale: float, fan_in: int) -> None:
     """Switch's initialisation: a normal of std sqrt(scale / fan_in) truncated at two standard deviations."""
     std = math.sqrt(scale / fan_in)
@@ -104,7 +109,7 @@ class SwitchMLP(nn.Module):
         x = x.reshape(-1, shape[-1])
         logits, probs, choice, gates = self.route(x)
         expert_index = choice
-        counts = torch.bincount(choice.flatten(), minlength=E)
+        counts = count_per_expert(choice.flatten(), E)
         if self.training:  # no capacity at evaluation: a token's output never depends on other streams there
             keep = within_capacity(choice, E, self.capacity(x.shape[0]))
             expert_index = torch.where(keep, choice, -1)
@@ -118,7 +123,7 @@ class SwitchMLP(nn.Module):
                       self.cfg.experts_impl)
         # Switch's load-balancing loss: f_i the share of tokens whose first choice is expert i, P_i the mean
         # router probability of expert i.
-        first = torch.bincount(choice[:, 0], minlength=E).float() / x.shape[0]
+        first = count_per_expert(choice[:, 0], E).float() / x.shape[0]
         aux = {"load_balancing": self.cfg.load_balance_coef * E * (first * probs.mean(0)).sum()}
         if self.cfg.router_z_coef:
             aux["router_z"] = self.cfg.router_z_coef * torch.logsumexp(logits, -1).square().mean()

@@ -224,7 +224,7 @@ def experts_grouped(x: torch.Tensor, expert_index: torch.Tensor, gates: torch.Te
     with torch.autocast(x.device.type, enabled=False):
         choice = expert_index.reshape(-1)
         key, slot = torch.sort(torch.where(choice < 0, E, choice), stable=True)  # dropped choices last
-        counts = torch.bincount(key, minlength=E + 1)[:E]
+        counts = torch.zeros(E + 1, dtype=torch.long, device=key.device).scatter_add_(0, key, torch.ones_like(key))[:E]
         offsets = F.pad(counts.cumsum(0), (1, 0)).to(torch.int32)
         out = _GroupedExperts.apply(x_in.contiguous(), gates.float(), fc_weight, fc_bias, proj_weight, proj_bias,
                                     slot.to(torch.int32), key, offsets, k)
