@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from languini import aux_loss
 from languini.books import (SLOW_EVAL_PROTOCOLS, Book, distribute, eval_batches, sliding_windows, token_count,
                             window_plan)
 from languini.model_contract import WithMemoryStats
@@ -141,7 +142,7 @@ class Evaluator:
                 chars += count_chars(y, mask, self.decode)
             x, y, mask = (t.to(self.device, non_blocking=True) for t in (x, y, mask))
             with self.autocast():
-                logits, state = model(x, state)
+                logits, state, _ = aux_loss.unpack(model(x, state))  # auxiliary losses are no part of perplexity
             totals[:-1] += score_batch(logits, y, mask, self.bytes_per_token)
         totals[-1] = chars
         if self.world_size > 1:

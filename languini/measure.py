@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from languini import aux_loss
 from languini.trainer import build_optimizers, detach, precision_for, step_optimizers
 
 LEARNING_RATE = 6e-4  # the paper's GPT learning rate; the step time does not depend on it
@@ -47,8 +48,8 @@ def measure_batch_size(
         for optimizer in optimizers:
             optimizer.zero_grad(set_to_none=True)
         with autocast():
-            logits, state = forward(inputs, state)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+            logits, state, aux = aux_loss.unpack(forward(inputs, state))
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()) + aux_loss.total(aux)
         (loss if scaler is None else scaler.scale(loss)).backward()
         step_optimizers(optimizers, scaler)
         return detach(state)

@@ -60,7 +60,16 @@ class WithMemoryStats(Protocol):
         ...
 
     def memory_stats(self) -> dict:
-        """Statistics of the reads since reset_memory_stats (over all processes when distributed)."""
+        """Statistics of the reads since reset_memory_stats (over all processes when distributed): a dict for
+        results.json, nested dicts and lists allowed, every number finite."""
+        ...
+
+
+@runtime_checkable
+class WithTrainMetrics(Protocol):
+    def train_metrics(self) -> dict:
+        """Numbers about the last training forward (e.g. the share of tokens a mixture of experts dropped), written
+        into each train row of log.jsonl; not losses (those go through the aux dict of forward)."""
         ...
 
 

@@ -1,8 +1,9 @@
 """The one language-model trainer shared by all projects.
 
-The model follows languini/model_contract.py. The state of every micro-batch (its streams) is carried from step
-to step, detached, and saved in checkpoints. A project changes the training step by subclassing Trainer and
-passing it to languini.experiment.main(..., trainer_cls=...).
+The model follows languini/model_contract.py: `model(x, state) -> (logits, state)`, or `(logits, state, aux)` with
+auxiliary losses (see languini/aux_loss.py). The state of every micro-batch (its streams) is carried from step to
+step, detached, and saved in checkpoints. A project changes the training step by subclassing Trainer and passing
+it to languini.experiment.main(..., trainer_cls=...).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_map
 from tqdm import tqdm
 
-from languini import checkpoint, flops, model_contract
+from languini import aux_loss, checkpoint, flops, model_contract
 from languini.books import SLOW_EVAL_PROTOCOLS, BooksDataset, TrainBatches
 from languini.compute_class import DEFAULT_REFERENCE_HARDWARE
 from languini.evaluation import Evaluator, evaluate_splits
@@ -318,10 +319,13 @@ class Trainer:
         self.model.after_step(hidden, y.flatten(0, 1).to(self.device))
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        """One optimiser step over the micro-batches; returns the mean loss over the global batch."""
+        """One optimiser step over the micro-batches; returns the mean language-model loss over the global batch.
+        The model's auxiliary losses join the backward but not the returned loss; their means over the global
+        batch are left in self.aux_losses."""
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
+        aux_totals = {}
         M = self.tcfg.micro_batches
         for m in range(M):
             sync = m == M - 1 or self.ddp.world_size == 1
@@ -329,11 +333,14 @@ class Trainer:
             with ctx:
                 xm, ym = x[m].to(self.device, non_blocking=True), y[m].to(self.device, non_blocking=True)
                 with self.autocast():
-                    logits, state = self.train_model(xm, self.states[m])
+                    logits, state, aux = aux_loss.unpack(self.train_model(xm, self.states[m]))
                 loss = F.cross_entropy(logits.float().flatten(0, 1), ym.flatten())
-                (self.scaler.scale(loss / M) if self.scaler else loss / M).backward()
+                objective = (loss + aux_loss.total(aux)) / M
+                (self.scaler.scale(objective) if self.scaler else objective).backward()
             self.states[m] = detach(state)
             total += loss.detach() / M
+            for name, value in aux.items():
+                aux_totals[name] = aux_totals.get(name, 0.0) + value.detach().float() / M
         if self.tcfg.grad_clip:
             if self.scaler:
                 self.scaler.unscale_(self.optimizers[0])
@@ -345,8 +352,10 @@ class Trainer:
         if self.step_hidden is not None:
             self.after_step(y)
         if self.ddp.world_size > 1:
-            dist.all_reduce(total)  # SUM: gloo (CPU) has no AVG
-            total /= self.ddp.world_size
+            for value in (total, *aux_totals.values()):
+                dist.all_reduce(value)  # SUM: gloo (CPU) has no AVG
+                value /= self.ddp.world_size
+        self.aux_losses = {name: value.item() for name, value in aux_totals.items()}
         return total.item()
 
     def train(self, log, stop: StopSignals | None = None) -> None:
@@ -383,7 +392,10 @@ class Trainer:
                     step_logged, seconds_logged = self.step, self.train_seconds
                     row = {"event": "train", **self.position(self.step), "loss": loss,
                            "lr": self.schedulers[0].get_last_lr()[0], "tokens_per_second_local": tok_s,
-                           "train_wall_seconds": self.train_seconds}
+                           "train_wall_seconds": self.train_seconds,
+                           **{f"aux_{name}": value for name, value in self.aux_losses.items()},
+                           **(self.model.train_metrics()
+                              if isinstance(self.model, model_contract.WithTrainMetrics) else {})}
                     if self.flops_per_forward and self.peak_flops:
                         row["mfu"] = flops.mfu(self.flops_per_forward, self.seq_len, tok_s, self.peak_flops)
                     log.write(row)
