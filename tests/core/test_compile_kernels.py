@@ -21,7 +21,7 @@ PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 KERNELS = {
     "lram_gpt": {"_forward_kernel", "_backward_kernel", "_segment_sum_kernel"},
     "pkm_gpt": {"_forward_kernel", "_weight_grad_kernel", "_value_grad_atomic_kernel", "_value_grad_sorted_kernel"},
-    "qlstm": {"_scan_fwd_kernel", "_scan_bwd_kernel"},
+    "qlstm": {"qlstm_scan_fwd_kernel", "qlstm_scan_bwd_kernel"},
 }
 
 
