@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from languini.memory_layers import check_renamed
+
 CHECKPOINT = "checkpoint.pt"
 PREVIOUS = "checkpoint_previous.pt"
 
@@ -107,12 +109,17 @@ def _problem(path: Path, device: torch.device):
 
 
 def load(run_dir: Path, device: torch.device, warn: Callable[[str], None] = print) -> tuple[dict, Path]:
-    """The latest readable checkpoint and its path: checkpoint.pt, else (with a warning) the previous one."""
+    """The latest readable checkpoint and its path: checkpoint.pt, else (with a warning) the previous one.
+
+    A checkpoint whose model config uses the memory layers' old names fails with a ValueError naming the new ones.
+    """
     latest, why_not_latest = _problem(run_dir / CHECKPOINT, device)
     if latest is not None:
+        check_renamed(latest.get("model_config", {}))
         return latest, run_dir / CHECKPOINT
     previous, why_not_previous = _problem(run_dir / PREVIOUS, device)
     if previous is not None:
+        check_renamed(previous.get("model_config", {}))
         warn(f"Warning: {why_not_latest}; continuing from the previous checkpoint {run_dir / PREVIOUS} "
              f"(step {previous['step']}), so the steps after it are trained again.")
         return previous, run_dir / PREVIOUS

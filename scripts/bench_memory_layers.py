@@ -13,7 +13,7 @@ Per layer it reports, per token (the run's time divided by its tokens, like Figu
 minibatch size"), the median of --repeats runs after --warmup runs:
 - forward (no grad), the quantity of Figure 3 and Table 4;
 - forward + backward (to the parameters and the input), with the atomic value gradient and the reverse-index one
-  (LRAM "segment", PKM "sorted"; they differ only in the Triton kernels, so only on a GPU);
+  (value_grad "segment" in both memory layers; they differ only in the Triton kernels, so only on a GPU);
 - the training step with Adam on every parameter, and the optimiser's share of it; for memory layers
   whose constructor takes sparse_values=True, also the step with row-sparse value gradients and
   torch.optim.SparseAdam for the values (Adam for the rest), as languini.trainer does;
@@ -99,7 +99,6 @@ class Layer:
     build: Callable[..., nn.Module]  # build(width, size, **options); memory layers take their constructor's options
     sizes: Sequence[int] = ()
     size_label: Callable[[int], str] = str
-    reverse_index: str | None = None  # the value_grad option of the reverse-index value gradient ("atomic": atomics)
 
     @property
     def is_memory(self) -> bool:
@@ -121,9 +120,8 @@ def pkm(width, n_keys, use_triton=None, **options):
 LAYERS = {
     "dense": Layer("dense MLP", dense_mlp),
     "lram": Layer("LRAM", lram, sizes=tuple(2**e for e in range(8, 41)),
-                  size_label=lambda n: f"N=2^{n.bit_length() - 1}", reverse_index="segment"),
-    "pkm": Layer("PKM", pkm, sizes=range(32, 2**17), size_label=lambda n: f"n_keys={n}",
-                 reverse_index="sorted"),
+                  size_label=lambda n: f"N=2^{n.bit_length() - 1}"),
+    "pkm": Layer("PKM", pkm, sizes=range(32, 2**17), size_label=lambda n: f"n_keys={n}"),
 }
 
 
@@ -329,7 +327,7 @@ def measure(layer_key: str, width: int, size: int | None, target: int | None, be
         release(bench.device)
         if layer.is_memory and bench.use_triton is not False:
             stage = "reverse-index backward"
-            module = make(layer_key, width, size, bench.use_triton, value_grad=layer.reverse_index).to(bench.device)
+            module = make(layer_key, width, size, bench.use_triton, value_grad="segment").to(bench.device)
             runs = time_phases(training_run(module, x, grad, [], bench), bench, [x])
             m.fwd_bwd_reverse_index = median_per_token([r[0] for r in runs], bench)
             del module

@@ -71,7 +71,7 @@ def _scenarios(project):
 
         # Every value width >= 128 launches with BLOCK_DIM = 128, as this one does.
         for values_dtype in (torch.float32, torch.bfloat16):
-            for value_grad, sparse in (("atomic", False), ("sorted", False), ("sorted", True)):
+            for value_grad, sparse in (("atomic", False), ("segment", False), ("segment", True)):
                 config = dataclasses.replace(LRAM_PAPER_PKM, value_grad=value_grad, sparse_values=sparse)
                 layer = ProductKeyMemory.from_config(128, config, use_triton=True)
                 layer.values.data = layer.values.data.to(values_dtype)
