@@ -60,7 +60,8 @@ from torch import nn
 
 from languini.trainer import precision_for
 from projects.lram_gpt.lattice import interpolate
-from projects.lram_gpt.memory import LRAMBlock, theta, torus_query
+from projects.lram_gpt.memory import LRAMBlock, theta
+from projects.lram_gpt.ops.lookup.naive import torus_query
 from projects.pkm_gpt.pkm import LRAM_PAPER_PKM, ProductKeyMemory
 
 # Vendor spec-sheet HBM bandwidths in GB/s (not measured here), matched against torch's device name.
@@ -368,7 +369,7 @@ def time_lookup(block: LRAMBlock, x, bench):
     def forward_no_torus(mark):
         with torch.no_grad():
             if use_triton:
-                from projects.lram_gpt.lookup_triton import interpolate_triton
+                from projects.lram_gpt.ops.lookup.triton import interpolate_triton
 
                 interpolate_triton(q, block.values, block.K, block.topk)
             else:

@@ -59,7 +59,7 @@ def _scenarios(project):
         block = LRAMBlock(32, memory_size=2 ** 16, use_triton=True)
         yield "read_locations", lambda: block.read_locations(torch.randn(1, 5, 32))
         yield "fp32 without autocast", lambda: forward_backward(block, torch.randn(1, 3, 32), autocast=False)
-        from projects.lram_gpt.lookup_triton import interpolate_triton
+        from projects.lram_gpt.ops.lookup.triton import interpolate_triton
 
         def lookup_from_coordinates():  # phi(q) and its gradients: the kernels without the torus query
             q = (torch.randn(3, 8) * 8).requires_grad_()
@@ -120,7 +120,8 @@ def record(project):
         signature, constants, aligned = {}, {}, []
         for position, (name, parameter) in enumerate(inspect.signature(self.fn).parameters.items()):
             value = bound.arguments.get(name, parameter.default)
-            if "constexpr" in str(parameter.annotation):
+            # a None pointer (an unused buffer) is specialised as a constant, as the JIT does
+            if "constexpr" in str(parameter.annotation) or value is None:
                 signature[name], constants[name] = "constexpr", value
                 continue
             signature[name], divisible = _argument_type(value)
@@ -216,7 +217,7 @@ def prepare_compiling():
 
 
 def _constants_text(constants):
-    return " ".join(f"{name}={value}" for name, value in constants.items())
+    return " ".join(f"{name}={value}" for name, value in constants.items() if value is not None)
 
 
 def _pointer_dtypes(signature):

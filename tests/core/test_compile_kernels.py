@@ -19,7 +19,7 @@ PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 
 # The kernels each project's entry points launch, listed by hand so that a launch the recording misses fails.
 KERNELS = {
-    "lram_gpt": {"_forward_kernel", "_backward_kernel", "_segment_sum_kernel"},
+    "lram_gpt": {"lram_lookup_fwd_kernel", "lram_lookup_bwd_kernel", "lram_lookup_segment_sum_kernel"},
     "pkm_gpt": {"pkm_bag_fwd_kernel", "pkm_bag_weight_grad_kernel", "pkm_bag_value_grad_atomic_kernel",
                 "pkm_bag_value_grad_segment_kernel"},
     "qlstm": {"qlstm_scan_fwd_kernel", "qlstm_scan_bwd_kernel"},
