@@ -149,12 +149,12 @@ class LookupSpec:
 
 
 def lookup_spec(project: str, kernel: str, constants: dict, pointers: dict) -> LookupSpec | None:
-    """The spec of an LRAM lookup kernel's launch (None for other kernels); see projects/lram_gpt/ops/lookup/triton.py."""
-    if project != "lram_gpt":
-        return None
-    from projects.lram_gpt.ops.lookup import triton as lt
+    """The spec of a launch from the project's kernel_cost_spec() in projects/<project>/ops/__init__.py (None
+    where the project has none or it does not know the kernel)."""
+    import importlib
 
-    return lt.cost_spec(kernel, constants, pointers, LookupSpec)
+    cost_spec = getattr(importlib.import_module(f"projects.{project}.ops"), "kernel_cost_spec", None)
+    return cost_spec(kernel, constants, pointers, LookupSpec) if cost_spec else None
 
 
 # ---------------------------------------------------------------- one row per launch
