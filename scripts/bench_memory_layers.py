@@ -18,7 +18,7 @@ minibatch size"), the median of --repeats runs after --warmup runs:
   whose constructor takes sparse_values=True, also the step with row-sparse value gradients and
   torch.optim.SparseAdam for the values (Adam for the rest), as languini.trainer does;
 - for LRAM, the lookup alone (theta on precomputed queries) and its bandwidth on the value rows it gathers,
-  tokens * heads * 32 rows of 64 values per run, against the GPU's spec HBM bandwidth (HBM_SPEC_GBPS; not
+  tokens * heads * 32 rows of 64 values per run, against the GPU's spec HBM bandwidth (languini/hardware.py; not
   measured; small memories sit in L2, so the fraction can exceed 1).
 GPU times come from CUDA events, CPU times from time.perf_counter (CPU kernels are synchronous).
 On CPU the layers run their PyTorch reference paths: use tiny sizes, for a smoke test only.
@@ -58,22 +58,12 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from languini.hardware import device_spec
 from languini.trainer import precision_for
-from projects.lram_gpt.lattice import interpolate
 from projects.lram_gpt.memory import LRAMBlock, theta
-from projects.lram_gpt.ops.lookup.naive import torus_query
+from projects.lram_gpt.ops.lookup.naive import interpolate, torus_query
 from projects.pkm_gpt.pkm import LRAM_PAPER_PKM, ProductKeyMemory
 
-# Vendor spec-sheet HBM bandwidths in GB/s (not measured here), matched against torch's device name.
-HBM_SPEC_GBPS = (
-    (r"H200", 4800),
-    (r"H100 PCIe", 2000),
-    (r"H100 (80GB HBM3|SXM)", 3350),
-    (r"A100.*80GB", 2000),
-    (r"A100.*40GB", 1555),
-    (r"RTX 3090$", 936),
-    (r"RTX 4090$", 1008),
-)
 PAPER_REPEATS = 15  # Figure 3: "the median of 15 successive runs"
 DEFAULT_WIDTHS = "512,768,2048,3072,4096,6144,8192,12288"  # Figure 3's and Table 4's widths, and the model's 768
 DEFAULT_PARAMS = "2^20..2^30"
@@ -446,10 +436,9 @@ def run_all(configs, bench, log=print, on_result=lambda m: None) -> list[Measure
 
 
 def hbm_spec_gbps(device_name: str) -> float | None:
-    for pattern, gbps in HBM_SPEC_GBPS:
-        if re.search(pattern, device_name):
-            return gbps
-    return None
+    """The device's spec HBM bandwidth in GB/s from languini.hardware's table; None where it records none."""
+    spec = device_spec(device_name)
+    return spec.hbm_bytes_per_second / 1e9 if spec and spec.hbm_bytes_per_second else None
 
 
 def format_params(n: int) -> str:

@@ -1,7 +1,5 @@
 """Product-key memory layer: exact top-k, causality, shapes, sparse value gradients, statistics, FLOPs."""
 
-import math
-
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
