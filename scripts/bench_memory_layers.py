@@ -50,7 +50,6 @@ import re
 import shlex
 import statistics
 import sys
-import time
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Callable, Sequence
@@ -58,6 +57,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from languini import timing
 from languini.hardware import device_spec
 from languini.trainer import precision_for
 from projects.lram_gpt.memory import LRAMBlock, theta
@@ -159,18 +159,6 @@ class Bench:
     warmup: int
 
 
-def _stamp(device):
-    if device.type == "cuda":
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-    return time.perf_counter()
-
-
-def _seconds_between(start, end, device):
-    return start.elapsed_time(end) / 1000 if device.type == "cuda" else end - start
-
-
 _L2_FLUSH = {}
 
 
@@ -187,21 +175,10 @@ def fresh_inputs(bench: Bench, *inputs):
 
 
 def time_phases(run_once, bench: Bench, inputs=()) -> list[list[float]]:
-    """Seconds of each phase of each timed run; run_once(mark) calls mark() at the end of every phase.
-
-    The tensors in inputs get new random values before every run, and a GPU's L2 cache is flushed."""
-    for _ in range(bench.warmup):
-        fresh_inputs(bench, *inputs)
-        run_once(lambda: None)
-    runs = []
-    for _ in range(bench.repeats):
-        fresh_inputs(bench, *inputs)
-        stamps = [_stamp(bench.device)]
-        run_once(lambda: stamps.append(_stamp(bench.device)))
-        runs.append(stamps)
-    if bench.device.type == "cuda":
-        torch.cuda.synchronize(bench.device)
-    return [[_seconds_between(a, b, bench.device) for a, b in zip(s, s[1:])] for s in runs]
+    """Seconds of each phase of each timed run (languini.timing); run_once(mark) calls mark() at the end of every
+    phase. The tensors in inputs get new random values before every run, and a GPU's L2 cache is flushed."""
+    return timing.time_phases(run_once, bench.device, bench.repeats, bench.warmup,
+                              before_each=lambda: fresh_inputs(bench, *inputs))
 
 
 def forward_run(module, x, bench):
