@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from languini.memory_layers import check_value_grad
+from languini.memory_layers import check_value_grad, sparse_rows
 from projects.lram_gpt.lattice import (
     DEFAULT_TOPK,
     DIM,
@@ -532,8 +532,7 @@ class LookupFunction(torch.autograd.Function):
         if need_values and ctx.sparse:  # a data-dependent row count: eager, as the sparse forward
             grad_x, (rows_read, sums), _ = lookup_bwd(x_rows, values, grad_rows, cand, index, zf, frame, scale,
                                                       ctx.K, ctx.topk, ctx.from_q, need_x, "sparse")
-            grad_values = torch.sparse_coo_tensor(rows_read[None].long(), sums.to(values.dtype), values.shape,
-                                                  is_coalesced=True, check_invariants=False)
+            grad_values = sparse_rows(rows_read.long(), sums.to(values.dtype), values.shape)
         else:
             grad_x, grad_values = torch.ops.lram_gpt.lookup_bwd(
                 x_rows, values, grad_rows, cand, index, zf, frame, scale, list(ctx.K), ctx.topk, ctx.from_q,
