@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from projects.qlstm.cell import MultiHeadLSTM, QuasiLSTM
 from projects.qlstm.configs import CELLS, ModelConfig
-from projects.qlstm.scan import IMPLS, scan_flops
+from projects.qlstm.ops.scan import IMPLS, scan_flops
 
 
 class MLP(nn.Module):
