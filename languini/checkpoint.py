@@ -5,7 +5,6 @@ runs also hold each process's recurrent states, `states_rank<r>.pt` and `states_
 """
 from __future__ import annotations
 
-import errno
 import os
 import random
 from collections.abc import Callable
@@ -13,6 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from languini.atomic_write import fsync_dir, write_atomically  # noqa: F401  (checkpoint.write_atomically)
+from languini.memory_layers import check_renamed
 
 CHECKPOINT = "checkpoint.pt"
 PREVIOUS = "checkpoint_previous.pt"
@@ -39,21 +41,6 @@ def previous_path(path: Path) -> Path:
     return path.with_name(f"{path.stem}_previous{path.suffix}")
 
 
-def fsync_dir(folder: Path) -> None:
-    """Make renames in `folder` durable (a node crash after os.replace may otherwise undo them)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # Windows cannot open a folder (nor needs to flush one)
-        return
-    try:
-        os.fsync(fd)
-    except OSError as e:
-        if e.errno not in (errno.EINVAL, errno.ENOTSUP):  # filesystems that cannot flush a folder
-            raise
-    finally:
-        os.close(fd)
-
-
 def _write_flushed(path: Path, write: Callable) -> Path:
     """`write(file)` into path.tmp, flushed to disk; returns the temporary path."""
     tmp = path.with_name(path.name + ".tmp")
@@ -62,13 +49,6 @@ def _write_flushed(path: Path, write: Callable) -> Path:
         f.flush()
         os.fsync(f.fileno())
     return tmp
-
-
-def write_atomically(path: Path, write: Callable) -> Path:
-    """Replace `path` by what `write(file)` writes: never half-written, and on disk once this returns."""
-    os.replace(_write_flushed(path, write), path)
-    fsync_dir(path.parent)
-    return path
 
 
 def _save_keeping_previous(state, path: Path, keep_previous: bool) -> Path:
@@ -107,12 +87,17 @@ def _problem(path: Path, device: torch.device):
 
 
 def load(run_dir: Path, device: torch.device, warn: Callable[[str], None] = print) -> tuple[dict, Path]:
-    """The latest readable checkpoint and its path: checkpoint.pt, else (with a warning) the previous one."""
+    """The latest readable checkpoint and its path: checkpoint.pt, else (with a warning) the previous one.
+
+    A checkpoint whose model config uses the memory layers' old names fails with a ValueError naming the new ones.
+    """
     latest, why_not_latest = _problem(run_dir / CHECKPOINT, device)
     if latest is not None:
+        check_renamed(latest.get("model_config", {}))
         return latest, run_dir / CHECKPOINT
     previous, why_not_previous = _problem(run_dir / PREVIOUS, device)
     if previous is not None:
+        check_renamed(previous.get("model_config", {}))
         warn(f"Warning: {why_not_latest}; continuing from the previous checkpoint {run_dir / PREVIOUS} "
              f"(step {previous['step']}), so the steps after it are trained again.")
         return previous, run_dir / PREVIOUS

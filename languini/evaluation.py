@@ -20,8 +20,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from languini import aux_loss
 from languini.books import (SLOW_EVAL_PROTOCOLS, Book, distribute, eval_batches, sliding_windows, token_count,
                             window_plan)
+from languini.model_contract import WithMemoryStats
 
 TOP_K = (1, 10)  # the accuracies the official code reports
 
@@ -140,7 +142,7 @@ class Evaluator:
                 chars += count_chars(y, mask, self.decode)
             x, y, mask = (t.to(self.device, non_blocking=True) for t in (x, y, mask))
             with self.autocast():
-                logits, state = model(x, state)
+                logits, state, _ = aux_loss.unpack(model(x, state))  # auxiliary losses are no part of perplexity
             totals[:-1] += score_batch(logits, y, mask, self.bytes_per_token)
         totals[-1] = chars
         if self.world_size > 1:
@@ -196,12 +198,12 @@ def evaluate_splits(evaluator: Evaluator, model, dataset, splits: list[str], sta
         books = dataset.books(split)
         rows, seconds = {}, {}
         if "fast" in modes:
-            if hasattr(model, "reset_memory_stats"):
+            if isinstance(model, WithMemoryStats):
                 model.reset_memory_stats()
             started = time.perf_counter()
             rows["fast"] = evaluator.fast(model, books).as_dict()
             seconds["fast"] = time.perf_counter() - started
-            if hasattr(model, "memory_stats"):
+            if isinstance(model, WithMemoryStats):
                 memory_stats[split] = model.memory_stats()
         if "slow" in modes:
             started = time.perf_counter()

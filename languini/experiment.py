@@ -9,17 +9,18 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from languini import (compute_class, data_check, default_corpus, evaluation, flops, measure, run_folder, stages,
-                      throughput, tokenizer)
+from languini import (compute_class, data_check, default_corpus, evaluation, flops, measure, model_contract,
+                      run_folder, stages, throughput, tokenizer)
 from languini.books import BooksDataset, DataError
 from languini.evaluation import describe_slow_protocol
 from languini.checkpoint import CheckpointError
-from languini.flags import add_dataclass_flags, overrides
+from languini.flags import add_dataclass_flags, arg, overrides
 from languini.logs import RunLog
 from languini.stop import EXIT_UNFINISHED, StopRequested, StopSignals
 from languini.trainer import (Dist, NonFiniteLoss, Trainer, TrainConfig, eval_every_max_batches, eval_interval,
@@ -30,6 +31,27 @@ DEFAULT_DATA = REPO_ROOT / "data"
 CPU_CONFIG = "cpu"
 CPU_MEASURE_STEPS, CPU_MEASURE_WARMUP = 10, 2  # timing a model on this CPU when the registry has no row for it
 RUN_CONFIG = "config.json"
+
+
+@dataclass
+class RunConfig:
+    """Where a run reads its data and writes its records: nothing here changes what is trained (TrainConfig)."""
+    data_root: str | None = arg(None, "folder holding books_<vocab>/; None: data/ or the embedded default corpus")
+    tokenizer: str | None = arg(None, "SentencePiece model of the data, if not inside the data folder")
+    out_dir: str = arg("runs", "where run folders go")
+    run_name: str | None = arg(None, "run folder name; None: project_config_class_batch_seed")
+    resume: str = arg("false", "continue the run in the run folder from its checkpoint: true, false, or auto "
+                               "(continue if there is a checkpoint, else start; for requeued jobs)")
+    overwrite: bool = arg(False, "replace the run already in the run folder by a fresh one (true/false)")
+    wandb: bool = arg(False, "log to Weights & Biases (true/false; offline without an API key)")
+    wandb_project: str = arg("languini", "Weights & Biases project")
+    tensorboard: bool = arg(False, "log to TensorBoard (true/false; needs the tensorboard package)")
+    dry_run: bool = arg(False, "print the training plan and exit (true/false)")
+
+
+def run_record(tcfg: TrainConfig, rcfg: RunConfig) -> dict:
+    """Both configs as one flat record, as the flags are (config.json's "train", results.json's "train_config")."""
+    return {**dataclasses.asdict(tcfg), **dataclasses.asdict(rcfg)}
 
 
 def build_parser(project: str, configs) -> argparse.ArgumentParser:
@@ -43,6 +65,7 @@ def build_parser(project: str, configs) -> argparse.ArgumentParser:
                         help=f"model size, one of {', '.join(configs.SIZES)} (default: the compute class's, "
                              f"or '{CPU_CONFIG}' on a machine without a GPU)")
     add_dataclass_flags(parser, TrainConfig, "training")
+    add_dataclass_flags(parser, RunConfig, "data, run folder and logging")
     add_dataclass_flags(parser, configs.ModelConfig, "model (each overrides that field of --config)",
                         show_defaults=False)
     return parser
@@ -81,19 +104,19 @@ def dataset_vocab(root: Path, config_vocab: int, vocab_given: bool) -> int | Non
                     f"config's vocab {config_vocab}: choose one with --vocab_size.")
 
 
-def load_data(tcfg: TrainConfig, model_cfg, vocab_given: bool, say, ddp: Dist) -> tuple[BooksDataset, object]:
+def load_data(rcfg: RunConfig, model_cfg, vocab_given: bool, say, ddp: Dist) -> tuple[BooksDataset, object]:
     """The dataset and the model config, its vocab set to the data's unless --vocab_size was given.
 
     --data_root, else a dataset prepared under data/ (data_search_roots), else the embedded default corpus."""
-    roots = [Path(tcfg.data_root)] if tcfg.data_root is not None else data_search_roots()
+    roots = [Path(rcfg.data_root)] if rcfg.data_root is not None else data_search_roots()
     for root in roots:
         vocab = dataset_vocab(root, model_cfg.vocab_size, vocab_given)
         if vocab is not None:
             ds = BooksDataset(root, vocab)
             break
     else:
-        if tcfg.data_root is not None:
-            ds = BooksDataset(tcfg.data_root, model_cfg.vocab_size)  # fails, saying how to prepare it
+        if rcfg.data_root is not None:
+            ds = BooksDataset(rcfg.data_root, model_cfg.vocab_size)  # fails, saying how to prepare it
         else:
             if not ddp.main:
                 dist.barrier()  # rank 0 builds the corpus once
@@ -110,9 +133,9 @@ def load_data(tcfg: TrainConfig, model_cfg, vocab_given: bool, say, ddp: Dist) -
     return ds, model_cfg
 
 
-def load_tokenizer(ds: BooksDataset, tcfg: TrainConfig, vocab_size: int):
+def load_tokenizer(ds: BooksDataset, rcfg: RunConfig, vocab_size: int):
     """The data's SentencePiece model: normalised perplexity counts the bytes and characters it decodes to."""
-    path = Path(tcfg.tokenizer) if tcfg.tokenizer else ds.tokenizer_path()
+    path = Path(rcfg.tokenizer) if rcfg.tokenizer else ds.tokenizer_path()
     if path is None or not path.exists():
         raise DataError(f"Normalised perplexity needs the data's SentencePiece model to count bytes; none in {ds.dir}. "
                         "Pass --tokenizer PATH/books_<vocab>.model.")
@@ -120,12 +143,6 @@ def load_tokenizer(ds: BooksDataset, tcfg: TrainConfig, vocab_size: int):
     if sp.get_piece_size() != vocab_size:
         raise DataError(f"The tokenizer {path} has {sp.get_piece_size()} tokens but the model's vocab is {vocab_size}.")
     return sp
-
-
-@torch.no_grad()
-def is_stateful(model: torch.nn.Module, device: torch.device) -> bool:
-    """Whether the model carries a state from batch to batch (its slow evaluation then reads the split once)."""
-    return model.eval()(torch.zeros((1, 1), dtype=torch.long, device=device))[1] is not None
 
 
 def eval_work(dataset: BooksDataset, tcfg: TrainConfig, seq_len: int, steps: int,
@@ -141,11 +158,11 @@ def eval_work(dataset: BooksDataset, tcfg: TrainConfig, seq_len: int, steps: int
     return compute_class.EvalWork(each, (steps - 1) // eval_interval(tcfg, steps), final)
 
 
-def cpu_row(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainConfig, device: torch.device,
+def cpu_row(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainConfig, out_dir: str, device: torch.device,
             say) -> throughput.ThroughputRow:
     """This CPU's row for `model` when the project's registry has none: from <out_dir>/throughput.csv, where the
     first run of the model here keeps the row it timed, so later runs (and resumed ones) get the same steps."""
-    kept = Path(tcfg.out_dir) / "throughput.csv"
+    kept = Path(out_dir) / "throughput.csv"
     try:
         return throughput.lookup(kept, model, throughput.local_device_name(device), tcfg.compile)
     except throughput.ThroughputNotFoundError:
@@ -164,6 +181,70 @@ def cpu_row(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainConfig
     say(f"Measured {row.tokens_per_second:,.0f} tokens/s; kept in {throughput.display_path(kept)} for the next runs of "
         f"this model here. Its compute classes are this machine's time.")
     return row
+
+
+def budget(tcfg: TrainConfig, model: throughput.ModelSpec, model_cls, model_cfg, device: torch.device, ddp: Dist,
+           fwd_flops: float | None, dataset: BooksDataset, stateful: bool, cpu_default: bool, out_dir: str, say,
+           staged: tuple | None = None) -> tuple[int, float | None, throughput.ThroughputRow | None, stages.Schedule]:
+    """The run's budget from --max_steps or --compute_class: (steps, tokens/s on the reference hardware, the
+    throughput row they came from, the sequence-length schedule). Without a row, --max_steps leaves the
+    throughput None (accelerator time unknown); --compute_class prints its plan, and on the CPU path times a
+    model it has no row for. `staged`: the parsed --stages, each charged at its own length's throughput."""
+    registry, local_hw = throughput.registry_path(model.project), throughput.local_device_name(device)
+    row = None
+    if tcfg.max_steps is not None:
+        steps = tcfg.max_steps
+        tok_s = tcfg.tokens_per_second
+        if tok_s is None:
+            try:
+                row = throughput.lookup(registry, model, tcfg.reference_hardware, tcfg.compile)
+                tok_s = row.tokens_per_second
+            except throughput.ThroughputNotFoundError:
+                pass  # accelerator time is unknown without a throughput
+        schedule = stages.schedule_for_steps(tcfg.stages, model_cfg.seq_len, steps, tok_s)
+        if staged:  # each stage at its own throughput, where known
+            rates = [tcfg.tokens_per_second or _stage_rate(registry, model.project, model.config, model_cfg,
+                                                           s.seq_len, tcfg) for s in staged]
+            schedule = dataclasses.replace(schedule, tokens_per_second=tuple(rates))
+        say(f"Training {model.project}/{model.config} for --max_steps {steps} (no compute class)"
+            + (f" in stages: {describe_schedule(schedule)}." if staged else "."))
+    elif tcfg.compute_class is not None:
+        def plan_for(row=None, time_stages=None):
+            return compute_class.plan_training(
+                model, tcfg.compute_class, tcfg.batch_size, model_cfg.seq_len, registry, tcfg.reference_hardware,
+                tcfg.tokens_per_second, fwd_flops, local_hw, ddp.world_size, compiled=tcfg.compile, row=row,
+                stage_models=stage_models(model.project, model.config, model_cfg, staged, time_stages)
+                if staged else None)
+
+        try:
+            plan = plan_for()
+        except throughput.ThroughputNotFoundError:
+            # The CPU path's reference is this machine: a model it has no row for (another vocabulary, other
+            # flags) is timed here. Processes would time it differently, so not under torchrun.
+            if not (cpu_default and ddp.world_size == 1 and throughput.hardware_matches(tcfg.reference_hardware,
+                                                                                         local_hw)):
+                raise
+
+            def time_stage(spec, cfg):  # this CPU's row for a stage's length where the registry has none
+                try:
+                    return throughput.lookup(registry, spec, tcfg.reference_hardware, tcfg.compile)
+                except throughput.ThroughputNotFoundError:
+                    return cpu_row(spec, model_cls, cfg, tcfg, out_dir, device, say)
+
+            plan = (plan_for(time_stages=time_stage) if staged
+                    else plan_for(cpu_row(model, model_cls, model_cfg, tcfg, out_dir, device, say)))
+        if ddp.main:
+            plan = dataclasses.replace(plan, evaluation=eval_work(dataset, tcfg, model_cfg.seq_len, plan.steps, stateful))
+        say(compute_class.format_plan(plan))
+        if cpu_default and tcfg.compute_class in compute_class.PAPER_COMPUTE_CLASSES:
+            say(f"Note: without a GPU, --compute_class {tcfg.compute_class} means {tcfg.compute_class} of this CPU "
+                f"training the toy config '{CPU_CONFIG}', not the paper's {tcfg.compute_class} class on an RTX 3090. "
+                "For a smoke run of a few minutes use --compute_class 2m; to plan the paper's class, name its "
+                "config (--config small --dry_run true) on the book data it is defined for (vocab 16384).")
+        steps, tok_s, row, schedule = plan.steps, plan.tokens_per_second, plan.throughput_row, plan.schedule()
+    else:
+        raise ValueError("Give a budget: --compute_class (e.g. 6h, 24h, 15m, 90s) or --max_steps N.")
+    return steps, tok_s, row, schedule
 
 
 def budget_of_run(run_dir: Path, steps: int, tok_s: float, row, say) -> tuple:
@@ -241,6 +322,30 @@ def row_record(row: throughput.ThroughputRow | None, tokens_per_second: float | 
                                                    "tokens_per_second": tokens_per_second}
 
 
+def run_results(trainer: Trainer, rcfg: RunConfig, evals: dict) -> dict:
+    """The body of results.json: what was trained, for how long, and its evaluations (`evals`)."""
+    tcfg, pos, fwd = trainer.tcfg, trainer.position(trainer.step), trainer.flops_per_forward
+    return {
+        "project": trainer.project, "config": trainer.config_name,
+        "model_config": dataclasses.asdict(trainer.model_cfg), "train_config": run_record(tcfg, rcfg),
+        "compute_class": tcfg.compute_class, "reference_hardware": tcfg.reference_hardware,
+        "tokens_per_second": trainer.tokens_per_second, "global_batch_size": tcfg.batch_size,
+        "seq_len": trainer.seq_len, "steps": trainer.step, "tokens_seen": pos["tokens"],
+        **({"stages": trainer.schedule.records(tcfg.batch_size)} if tcfg.stages else {}),
+        "accelerator_seconds": pos["accelerator_seconds"],
+        "accelerator_hours": pos["accelerator_seconds"] / 3600 if pos["accelerator_seconds"] is not None else None,
+        "train_wall_seconds": trainer.train_seconds,
+        "parameters": sum(p.numel() for p in trainer.model.parameters()),
+        "flops_per_forward": fwd,
+        "total_flops": flops.train_flops_per_token(fwd, trainer.seq_len) * pos["tokens"] if fwd else None,
+        "dataset": str(trainer.dataset.dir.resolve()), "dataset_name": trainer.dataset.name,
+        "dataset_fingerprint": trainer.dataset.fingerprint, "precision": trainer.precision,
+        "wall_seconds": {**trainer.wall_seconds, "total": sum(trainer.wall_seconds.values())},
+        "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **evals,
+    }
+
+
 def file_fingerprint(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
 
@@ -282,12 +387,15 @@ def check_values(tcfg: TrainConfig, model_cfg) -> None:
                          "steps of a compute class (its schedule unchanged), add --stop_at_step N to the class.")
 
 
-def main(project: str, configs, model_cls, argv: list[str] | None = None) -> dict | None:
+def main(project: str, configs, model_cls, argv: list[str] | None = None, trainer_cls: type[Trainer] = Trainer
+         ) -> dict | None:
+    """The command line of projects/<project>/train.py; trainer_cls: a subclass of Trainer (its own training
+    step, say) to train with."""
     args = build_parser(project, configs).parse_args(argv)
     try:
         # SIGTERM/SIGUSR1/SIGINT: the run stops after its current step with a checkpoint and exits unfinished
         with StopSignals(announce=int(os.environ.get("RANK", "0")) == 0) as stop:
-            return run(project, configs, model_cls, args, stop)
+            return run(project, configs, model_cls, args, stop, trainer_cls)
     except StopRequested as e:  # exit code EXIT_UNFINISHED tells a requeue script to run the same command again
         if e.announce:
             command = run_folder.continue_command(project, sys.argv[1:] if argv is None else argv,
@@ -298,12 +406,14 @@ def main(project: str, configs, model_cls, argv: list[str] | None = None) -> dic
         print("Interrupted at once: the run's last checkpoint is kept; continue with --resume auto.", file=sys.stderr)
         sys.exit(130)
     except (DataError, ValueError, FileExistsError, FileNotFoundError, throughput.ThroughputNotFoundError,
-            NonFiniteLoss, CheckpointError) as e:
+            NonFiniteLoss, CheckpointError, model_contract.ContractError) as e:
         sys.exit(f"error: {e}")
 
 
-def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSignals | None = None) -> dict | None:
+def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSignals | None = None,
+        trainer_cls: type[Trainer] = Trainer) -> dict | None:
     stop = stop or StopSignals()  # not installed: never stops
+    stateful = model_contract.stateful(model_cls)  # a model that does not declare it fails before any work
     ddp = init_distributed()
     say = print if ddp.main else (lambda *a, **k: None)
     device = torch.device(f"cuda:{ddp.local_rank}" if torch.cuda.is_available() else "cpu")
@@ -322,6 +432,7 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
         say(f"No GPU: using the CPU-sized config '{CPU_CONFIG}' with reference hardware 'cpu' (pass --config to choose).")
     config_name = config_name or "small"
     tcfg = TrainConfig(**{**class_defaults, **train_over})
+    rcfg = RunConfig(**overrides(args, RunConfig))
     if tcfg.compute_class is not None:
         compute_class.compute_class_seconds(tcfg.compute_class)  # a typo fails before any work is done
     model_over = overrides(args, configs.ModelConfig)
@@ -329,79 +440,27 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     check_values(tcfg, model_cfg)
     tcfg, staged = stage_settings(tcfg, model_cfg, configs)
 
-    dataset, model_cfg = load_data(tcfg, model_cfg, "vocab_size" in model_over, say, ddp)
-    sp = load_tokenizer(dataset, tcfg, model_cfg.vocab_size)
+    dataset, model_cfg = load_data(rcfg, model_cfg, "vocab_size" in model_over, say, ddp)
+    sp = load_tokenizer(dataset, rcfg, model_cfg.vocab_size)
     bytes_per_token = torch.from_numpy(tokenizer.bytes_per_token(sp))
-    tokenizer_file = Path(tcfg.tokenizer) if tcfg.tokenizer else dataset.tokenizer_path()  # load_tokenizer's
+    tokenizer_file = Path(rcfg.tokenizer) if rcfg.tokenizer else dataset.tokenizer_path()  # load_tokenizer's
 
     local_hw = throughput.local_device_name(device)
     model = throughput.model_spec(project, config_name, model_cfg)
-    fwd_flops = stateful = None
+    fwd_flops = None
     if ddp.main:
-        probe = model_cls(model_cfg).to(device)
-        fwd_flops = flops.forward_flops(probe, model_cfg.seq_len, model_cfg.vocab_size, device)
-        stateful = is_stateful(probe, device)
-        del probe
-    registry = throughput.registry_path(project)
-    row = None
-    if tcfg.max_steps is not None:
-        steps = tcfg.max_steps
-        tok_s = tcfg.tokens_per_second
-        if tok_s is None:
-            try:
-                row = throughput.lookup(registry, model, tcfg.reference_hardware, tcfg.compile)
-                tok_s = row.tokens_per_second
-            except throughput.ThroughputNotFoundError:
-                pass  # accelerator time is unknown without a throughput
-        schedule = stages.schedule_for_steps(tcfg.stages, model_cfg.seq_len, steps, tok_s)
-        if staged:  # each stage at its own throughput, where known
-            rates = [tcfg.tokens_per_second or _stage_rate(registry, project, config_name, model_cfg, s.seq_len, tcfg)
-                     for s in staged]
-            schedule = dataclasses.replace(schedule, tokens_per_second=tuple(rates))
-        say(f"Training {project}/{config_name} for --max_steps {steps} (no compute class)"
-            + (f" in stages: {describe_schedule(schedule)}." if staged else "."))
-    elif tcfg.compute_class is not None:
-        def plan_for(row=None, time_stages=None):
-            return compute_class.plan_training(
-                model, tcfg.compute_class, tcfg.batch_size, model_cfg.seq_len, registry, tcfg.reference_hardware,
-                tcfg.tokens_per_second, fwd_flops, local_hw, ddp.world_size, compiled=tcfg.compile, row=row,
-                stage_models=stage_models(project, config_name, model_cfg, staged, time_stages) if staged else None)
-
-        try:
-            plan = plan_for()
-        except throughput.ThroughputNotFoundError:
-            # The CPU path's reference is this machine: a model it has no row for (another vocabulary, other
-            # flags) is timed here. Processes would time it differently, so not under torchrun.
-            if not (cpu_default and ddp.world_size == 1 and throughput.hardware_matches(tcfg.reference_hardware,
-                                                                                         local_hw)):
-                raise
-            def time_stage(spec, cfg):  # this CPU's row for a stage's length where the registry has none
-                try:
-                    return throughput.lookup(registry, spec, tcfg.reference_hardware, tcfg.compile)
-                except throughput.ThroughputNotFoundError:
-                    return cpu_row(spec, model_cls, cfg, tcfg, device, say)
-
-            plan = (plan_for(time_stages=time_stage) if staged
-                    else plan_for(cpu_row(model, model_cls, model_cfg, tcfg, device, say)))
-        if ddp.main:
-            plan = dataclasses.replace(plan, evaluation=eval_work(dataset, tcfg, model_cfg.seq_len, plan.steps, stateful))
-        say(compute_class.format_plan(plan))
-        if cpu_default and tcfg.compute_class in compute_class.PAPER_COMPUTE_CLASSES:
-            say(f"Note: without a GPU, --compute_class {tcfg.compute_class} means {tcfg.compute_class} of this CPU "
-                f"training the toy config '{CPU_CONFIG}', not the paper's {tcfg.compute_class} class on an RTX 3090. "
-                "For a smoke run of a few minutes use --compute_class 2m; to plan the paper's class, name its "
-                "config (--config small --dry_run true) on the book data it is defined for (vocab 16384).")
-        steps, tok_s, row, schedule = plan.steps, plan.tokens_per_second, plan.throughput_row, plan.schedule()
-    else:
-        raise ValueError("Give a budget: --compute_class (e.g. 6h, 24h, 15m, 90s) or --max_steps N.")
-    if tcfg.dry_run:
+        fwd_flops = flops.forward_flops(model_cls(model_cfg).to(device), model_cfg.seq_len, model_cfg.vocab_size,
+                                        device)
+    steps, tok_s, row, schedule = budget(tcfg, model, model_cls, model_cfg, device, ddp, fwd_flops, dataset,
+                                         stateful, cpu_default, rcfg.out_dir, say, staged)
+    if rcfg.dry_run:
         return None
 
-    run_name = tcfg.run_name or (f"{project}_{config_name}_{dataset.name}-{dataset.fingerprint[:8]}"
+    run_name = rcfg.run_name or (f"{project}_{config_name}_{dataset.name}-{dataset.fingerprint[:8]}"
                                  f"_{tcfg.compute_class or f'{steps}steps'}_bs{tcfg.batch_size}_seed{tcfg.seed}"
                                  + (f"_stages{tcfg.stages.replace(':', 'x').replace(',', '-')}" if staged else ""))
-    run_dir = Path(tcfg.out_dir) / run_name
-    resume = run_folder.start_or_continue(run_dir, tcfg.resume, tcfg.overwrite, say, ddp.main)
+    run_dir = Path(rcfg.out_dir) / run_name
+    resume = run_folder.start_or_continue(run_dir, rcfg.resume, rcfg.overwrite, say, ddp.main)
     if resume and tcfg.compute_class is not None:
         steps, tok_s, row = budget_of_run(run_dir, steps, tok_s, row, say)
         schedule = schedule_of_run(run_dir, stages.Schedule.single(model_cfg.seq_len, steps, tok_s))
@@ -415,23 +474,20 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     provenance = {"tokenizer": str(tokenizer_file.resolve()), "tokenizer_fingerprint": file_fingerprint(tokenizer_file),
                   "git": git_state()}
     peak = flops.device_peak(local_hw)
-    trainer = Trainer(project=project, config_name=config_name, model_cfg=model_cfg, model_cls=model_cls,
-                      tcfg=tcfg, dataset=dataset, bytes_per_token=bytes_per_token, run_dir=run_dir,
-                      total_steps=steps, tokens_per_second=tok_s, reference_hardware=tcfg.reference_hardware,
-                      flops_per_forward=fwd_flops, device=device, ddp=ddp, decode=sp.decode, resume=resume,
-                      schedule=schedule,
-                      extra_results={"model_fingerprint": model.fingerprint, "model_flags": model.flags,
-                                     "throughput_row": row_record(row, tcfg.tokens_per_second), **provenance})
-    trainer.peak_flops = peak.flops_per_second if peak else None
+    trainer = trainer_cls(project=project, config_name=config_name, model_cfg=model_cfg, model_cls=model_cls,
+                          tcfg=tcfg, dataset=dataset, bytes_per_token=bytes_per_token, run_dir=run_dir,
+                          total_steps=steps, tokens_per_second=tok_s, flops_per_forward=fwd_flops,
+                          peak_flops=peak.flops_per_second if peak else None, device=device, ddp=ddp,
+                          decode=sp.decode, resume=resume, schedule=schedule)
     if ddp.main:  # only now: a batch the data cannot fill fails above without leaving an empty run folder
         run_dir.mkdir(parents=True, exist_ok=True)
     config = {"project": project, "config": config_name, "model": dataclasses.asdict(model_cfg),
-              "train": dataclasses.asdict(tcfg), "steps": steps, "tokens_per_second": tok_s,
+              "train": run_record(tcfg, rcfg), "steps": steps, "tokens_per_second": tok_s,
               "throughput_row": row_record(row, tcfg.tokens_per_second),
               **({"stages": schedule.records(tcfg.batch_size)} if staged else {})}
     if ddp.main:  # what scripts/evaluate.py needs to rebuild the model and its data
         write_json(run_dir / RUN_CONFIG, config)
-    log = RunLog(run_dir, config, tcfg.wandb, tcfg.wandb_project, tcfg.tensorboard, enabled=ddp.main,
+    log = RunLog(run_dir, config, rcfg.wandb, rcfg.wandb_project, rcfg.tensorboard, enabled=ddp.main,
                  resume_step=trainer.step if resume else None, resume_rows=trainer.log_rows)
     say(f"{sum(p.numel() for p in trainer.model.parameters()):,} parameters, {trainer.precision} on {local_hw}"
         f"{f' x {ddp.world_size}' if ddp.world_size > 1 else ''}; run folder {run_dir}")
@@ -448,7 +504,9 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
         stop.stop_at_once()  # the last step's checkpoint is on disk: a signal may end the evaluation at once
         say(f"Final evaluation (fast: all predictions of eval batches; slow: "
             f"{describe_slow_protocol(trainer.evaluator.slow_protocol_for(trainer.stateful))}):")
-        results = trainer.results(trainer.final_evaluation(log), tcfg.compute_class)
+        evals = trainer.final_evaluation(log)
+        results = {**run_results(trainer, rcfg, evals), "model_fingerprint": model.fingerprint,
+                   "model_flags": model.flags, "throughput_row": row_record(row, tcfg.tokens_per_second), **provenance}
     finally:
         log.close()
     if ddp.main:

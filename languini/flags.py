@@ -29,8 +29,6 @@ def add_bool_flag(parser, name: str, default: bool, help: str) -> None:
 
 def _field_type(annotation):
     """(base type, optional) of a field annotation such as int, float | None or str."""
-    if isinstance(annotation, str):
-        annotation = eval(annotation, vars(typing))  # annotations are strings under `from __future__ import annotations`
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     optional = typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1
     return (args[0] if optional else annotation), optional
@@ -52,12 +50,13 @@ def _parser_for(annotation):
 
 def add_dataclass_flags(parser: argparse.ArgumentParser, cls, title: str, show_defaults: bool = True) -> None:
     group = parser.add_argument_group(title)
+    types_of = typing.get_type_hints(cls)  # the fields' types, also where annotations are strings (PEP 563)
     for f in dataclasses.fields(cls):
         help_text = f.metadata.get("help", "") + (f" (default: {f.default})" if show_defaults else "")
         choices = f.metadata.get("choices")
         # a bare boolean flag means true; default None still marks "not given" for overrides()
-        bare = {"nargs": "?", "const": True} if _field_type(f.type)[0] is bool else {}
-        group.add_argument(f"--{f.name}", type=_parser_for(f.type), default=None, choices=choices,
+        bare = {"nargs": "?", "const": True} if _field_type(types_of[f.name])[0] is bool else {}
+        group.add_argument(f"--{f.name}", type=_parser_for(types_of[f.name]), default=None, choices=choices,
                            metavar="{" + ",".join(choices) + "}" if choices else f.name.upper(),
                            help=help_text.lstrip() or None, **bare)
 

@@ -5,11 +5,10 @@ forward pass at batch 1, and a training step counted as 3 forward passes (the ba
 pass as two, as in Kaplan et al., 2020).
 """
 
-from dataclasses import dataclass
-
 import torch
 
-from languini.throughput import normalise_hardware
+from languini import model_contract
+from languini.hardware import DeviceSpec, device_spec
 
 
 def forward_flops(model: torch.nn.Module, seq_len: int, vocab_size: int, device: torch.device | str = "cpu") -> int:
@@ -35,7 +34,7 @@ def forward_flops(model: torch.nn.Module, seq_len: int, vocab_size: int, device:
     finally:
         profiler.end_profile()
         ds_profiler.wrapFunc = wrap
-    extra = model.extra_flops(seq_len) if hasattr(model, "extra_flops") else 0
+    extra = model.extra_flops(seq_len) if isinstance(model, model_contract.WithExtraFlops) else 0
     return int(flops) + int(extra)
 
 
@@ -70,45 +69,10 @@ def train_flops_per_token(flops_per_forward: float, seq_len: int) -> float:
     return 3 * flops_per_forward / seq_len
 
 
-@dataclass(frozen=True)
-class DevicePeak:
-    name: str
-    flops_per_second: float
-    precision: str  # the number type the peak is for
-    source: str  # vendor spec sheet; spec values, not measured here
-
-
-# Dense (no 2:4 sparsity) tensor-core peaks from vendor spec sheets, bf16 with fp32
-# accumulation where the device has bf16, else fp16. An entry naming a form factor only
-# matches devices that name it; the first matching entry wins, so those come first
-# (torch reports an H100 SXM as "NVIDIA H100 80GB HBM3", a PCIe one as "NVIDIA H100 PCIe").
-PEAKS = (
-    DevicePeak("RTX 3090", 71e12, "bf16", "spec: NVIDIA Ampere GA102 whitepaper (fp32 accumulate)"),
-    DevicePeak("RTX 4090", 165.2e12, "bf16", "spec: NVIDIA Ada Lovelace whitepaper (fp32 accumulate)"),
-    DevicePeak("A100", 312e12, "bf16", "spec: NVIDIA A100 datasheet"),
-    DevicePeak("H100 PCIe", 756e12, "bf16", "spec: NVIDIA H100 datasheet (1513 TFLOPS with sparsity)"),
-    DevicePeak("H100", 989.4e12, "bf16", "spec: NVIDIA H100 SXM datasheet (1979 TFLOPS with sparsity)"),
-    DevicePeak("H200", 989.4e12, "bf16", "spec: NVIDIA H200 SXM datasheet (1979 TFLOPS with sparsity)"),
-    DevicePeak("A40", 149.7e12, "bf16", "spec: NVIDIA A40 datasheet"),
-    DevicePeak("A10", 125e12, "bf16", "spec: NVIDIA A10 datasheet"),
-    DevicePeak("L4", 121e12, "bf16", "spec: NVIDIA L4 datasheet"),
-    DevicePeak("L40S", 362.05e12, "bf16", "spec: NVIDIA L40S datasheet"),
-    DevicePeak("V100 PCIe", 112e12, "fp16", "spec: NVIDIA V100 datasheet (no bf16)"),
-    DevicePeak("V100", 125e12, "fp16", "spec: NVIDIA V100 SXM2 datasheet (no bf16)"),
-    DevicePeak("T4", 65e12, "fp16", "spec: NVIDIA T4 datasheet (no bf16)"),
-    DevicePeak("P100 PCIe", 18.7e12, "fp16", "spec: NVIDIA P100 PCIe datasheet (no tensor cores, no bf16)"),
-    DevicePeak("P100", 21.2e12, "fp16", "spec: NVIDIA P100 SXM2 datasheet (no tensor cores, no bf16)"),
-)
-
-
-def device_peak(hardware: str) -> DevicePeak | None:
-    """Spec peak FLOP/s for a device name as torch reports it; None when unknown (e.g. 'cpu')."""
-    device = normalise_hardware(hardware)
-    for peak in PEAKS:
-        entry = normalise_hardware(peak.name)
-        if entry.model == device.model and entry.form_factor in (None, device.form_factor):
-            return peak
-    return None
+def device_peak(hardware: str) -> DeviceSpec | None:
+    """Spec peak FLOP/s (.flops_per_second) of a device name as torch reports it, from languini.hardware's one
+    table; None when unknown (e.g. 'cpu')."""
+    return device_spec(hardware)
 
 
 def mfu(flops_per_forward: float, seq_len: int, tokens_per_second: float, peak_flops_per_second: float) -> float:

@@ -5,6 +5,8 @@ import json
 import os
 from pathlib import Path
 
+from languini.atomic_write import write_atomically
+
 
 class RunLog:
     def __init__(self, run_dir: Path, config: dict, use_wandb: bool = False, wandb_project: str = "languini",
@@ -44,9 +46,7 @@ class RunLog:
             return
         lines = [line for line in self.path.read_text().splitlines() if line.strip()]
         kept = lines[:rows] if rows is not None else [r for r in lines if json.loads(r).get("step", 0) <= step]
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(r + "\n" for r in kept))
-        os.replace(tmp, self.path)
+        write_atomically(self.path, lambda file: file.write("".join(r + "\n" for r in kept).encode()))
         self.rows = len(kept)
 
     def sync(self):

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import gc
 import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from languini import aux_loss
+from languini.timing import time_calls
 from languini.trainer import build_optimizers, detach, precision_for, step_optimizers
 
 LEARNING_RATE = 6e-4  # the paper's GPT learning rate; the step time does not depend on it
@@ -47,8 +48,8 @@ def measure_batch_size(
         for optimizer in optimizers:
             optimizer.zero_grad(set_to_none=True)
         with autocast():
-            logits, state = forward(inputs, state)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+            logits, state, aux = aux_loss.unpack(forward(inputs, state))
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()) + aux_loss.total(aux)
         (loss if scaler is None else scaler.scale(loss)).backward()
         step_optimizers(optimizers, scaler)
         return detach(state)
@@ -58,21 +59,12 @@ def measure_batch_size(
         tokens = torch.randint(model_config.vocab_size, (batch_size, model_config.seq_len + 1), device=device)
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         state = None
-        for _ in range(warmup):
+
+        def step():
+            nonlocal state
             state = train_step(state)
-        if is_cuda:
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
-            for start, end in events:
-                start.record()
-                state = train_step(state)
-                end.record()
-            torch.cuda.synchronize(device)
-            durations = [start.elapsed_time(end) / 1000 for start, end in events]
-        else:
-            for _ in range(steps):
-                started = time.perf_counter()
-                state = train_step(state)
-                durations.append(time.perf_counter() - started)
+
+        durations = list(time_calls(step, device, steps, warmup).seconds)
     except RuntimeError as error:  # cuBLAS and compiled graphs report OOM as plain RuntimeErrors
         if not isinstance(error, torch.cuda.OutOfMemoryError) and "out of memory" not in str(error).lower():
             raise

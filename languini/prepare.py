@@ -13,6 +13,7 @@ import numpy as np
 from tqdm import tqdm
 
 from languini import tokenizer
+from languini.atomic_write import write_atomically
 from languini.books import INTEGRITY_FILE, DataError, file_list_digest, split_file_name
 
 SUFFIXES = (".txt.gz", ".txt")
@@ -67,9 +68,7 @@ def _tokenise(job: tuple[Path, Path, str]) -> tuple[int, int]:
     src, dst, dtype = job
     text = read_text(src)
     ids = np.asarray(_sp.encode(text), dtype=dtype)
-    tmp = dst.with_suffix(".tmp.npy")
-    np.save(tmp, ids)
-    os.replace(tmp, dst)
+    write_atomically(dst, lambda file: np.save(file, ids))
     return len(text.encode("utf-8")), len(ids)
 
 

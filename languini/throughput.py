@@ -30,15 +30,15 @@ import hashlib
 import importlib
 import io
 import json
-import os
 import re
 import shlex
-import tempfile
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
+
+from languini.atomic_write import write_atomically
 
 SOURCES = ("measured", "published", "derived")
 _PREFERENCE = {"derived": 0, "measured": 1, "published": 2}  # among matching rows; then the newest
@@ -334,15 +334,4 @@ def append_row(path: Path | str, row: ThroughputRow) -> None:
     writer = csv.DictWriter(buffer, fieldnames=header, restval="", lineterminator="\n")
     writer.writerow({name: _format_value(value) for name, value in zip(COLUMNS, astuple(row))})
     path.parent.mkdir(parents=True, exist_ok=True)
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644  # mkstemp would leave 0o600
-    handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", newline="") as file:
-            file.write(text + buffer.getvalue())
-            file.flush()
-            os.fsync(file.fileno())
-        os.chmod(temp_name, mode)
-        os.replace(temp_name, path)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
+    write_atomically(path, lambda file: file.write((text + buffer.getvalue()).encode()))

@@ -1,13 +1,14 @@
 """The one language-model trainer shared by all projects.
 
-Model contract: `model(x, state) -> (logits, state)`; stateless models return None. The state of every
-micro-batch (its streams) is carried from step to step, detached, and saved in checkpoints.
+The model follows languini/model_contract.py: `model(x, state) -> (logits, state)`, or `(logits, state, aux)` with
+auxiliary losses (see languini/aux_loss.py). The state of every micro-batch (its streams) is carried from step to
+step, detached, and saved in checkpoints. A project changes the training step by subclassing Trainer and passing
+it to languini.experiment.main(..., trainer_cls=...).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import json
 import math
 import os
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_map
 from tqdm import tqdm
 
-from languini import checkpoint, flops, stages
+from languini import aux_loss, checkpoint, flops, model_contract, stages
 from languini.books import SLOW_EVAL_PROTOCOLS, BooksDataset, TrainBatches
 from languini.compute_class import DEFAULT_REFERENCE_HARDWARE
 from languini.evaluation import Evaluator, evaluate_splits
@@ -68,17 +69,6 @@ class TrainConfig:
     precision: str = arg("auto", "auto (bf16 if supported, else fp16 with a grad scaler; fp32 on CPU), bf16, fp16, fp32")
     compile: bool = arg(False, "torch.compile the model (true/false)")
     seed: int = arg(0, "seed of the model's initialisation")
-    data_root: str | None = arg(None, "folder holding books_<vocab>/; None: data/ or the embedded default corpus")
-    tokenizer: str | None = arg(None, "SentencePiece model of the data, if not inside the data folder")
-    out_dir: str = arg("runs", "where run folders go")
-    run_name: str | None = arg(None, "run folder name; None: project_config_class_batch_seed")
-    resume: str = arg("false", "continue the run in the run folder from its checkpoint: true, false, or auto "
-                               "(continue if there is a checkpoint, else start; for requeued jobs)")
-    overwrite: bool = arg(False, "replace the run already in the run folder by a fresh one (true/false)")
-    wandb: bool = arg(False, "log to Weights & Biases (true/false; offline without an API key)")
-    wandb_project: str = arg("languini", "Weights & Biases project")
-    tensorboard: bool = arg(False, "log to TensorBoard (true/false; needs the tensorboard package)")
-    dry_run: bool = arg(False, "print the training plan and exit (true/false)")
 
 
 class NonFiniteLoss(RuntimeError):
@@ -162,7 +152,7 @@ def build_optimizers(model: torch.nn.Module, lr: float, device: torch.device):
 
     Groups marked "sparse" (memory values with row-sparse gradients) get a lazy SparseAdam: only rows read move.
     """
-    groups = (model.optimizer_groups(lr) if hasattr(model, "optimizer_groups")
+    groups = (model.optimizer_groups(lr) if isinstance(model, model_contract.WithOptimizerGroups)
               else [{"params": list(model.parameters()), "lr": lr}])
     dense = [{k: v for k, v in g.items() if k != "sparse"} for g in groups if not g.get("sparse")]
     sparse = [{k: v for k, v in g.items() if k != "sparse"} for g in groups if g.get("sparse")]
@@ -195,15 +185,21 @@ def init_distributed() -> Dist:
 
 
 class Trainer:
+    """Trains one model for `total_steps` steps and evaluates it; the run's records are languini/experiment.py's.
+
+    tokens_per_second: throughput on the reference hardware (None: accelerator time unknown); flops_per_forward
+    and peak_flops (of the local device): for the MFU of the log rows, when both are known.
+    """
+
     def __init__(self, *, project: str, config_name: str, model_cfg, model_cls, tcfg: TrainConfig,
                  dataset: BooksDataset, bytes_per_token: torch.Tensor, run_dir: Path, total_steps: int,
-                 tokens_per_second: float | None, reference_hardware: str, flops_per_forward: float | None = None,
-                 device: torch.device | None = None, ddp: Dist | None = None, extra_results: dict | None = None,
+                 tokens_per_second: float | None, flops_per_forward: float | None = None,
+                 peak_flops: float | None = None, device: torch.device | None = None, ddp: Dist | None = None,
                  decode=None, resume: bool = False, schedule: stages.Schedule | None = None):
         self.project, self.config_name, self.model_cfg, self.tcfg = project, config_name, model_cfg, tcfg
         self.dataset, self.run_dir, self.total_steps = dataset, run_dir, total_steps
-        self.tokens_per_second, self.reference_hardware = tokens_per_second, reference_hardware
-        self.flops_per_forward, self.extra_results = flops_per_forward, extra_results or {}
+        self.tokens_per_second, self.flops_per_forward, self.peak_flops = tokens_per_second, flops_per_forward, peak_flops
+        self.stateful = model_contract.stateful(model_cls)
         self.ddp = ddp or Dist()
         self.device = device or torch.device("cpu")
         self.seq_len = model_cfg.seq_len
@@ -212,16 +208,21 @@ class Trainer:
 
         torch.manual_seed(tcfg.seed)
         self.model = model_cls(model_cfg).to(self.device)
+        self.stateful = model_contract.stateful(self.model)  # an instance may refine its class's (no cache: False)
+        self.step_hidden = None  # the output layer's inputs of this step, for an after-step hook; else None
+        if isinstance(self.model, model_contract.WithAfterStep):
+            self.step_hidden = []
+            model_contract.output_head(self.model).register_forward_hook(self._record_hidden)
         self.optimizers, self.dense_params = build_optimizers(self.model, tcfg.lr, self.device)
         if len(self.optimizers) > 1 and self.ddp.world_size > 1:
             raise ValueError("Row-sparse value gradients are single-process only; use --sparse_values false with DDP.")
         if tcfg.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"--lr_schedule must be one of {', '.join(LR_SCHEDULES)}, not {tcfg.lr_schedule}")
-        schedule, warmup = LR_SCHEDULES[tcfg.lr_schedule], tcfg.warmup_steps
+        lr_factor, warmup = LR_SCHEDULES[tcfg.lr_schedule], tcfg.warmup_steps
         if tcfg.lr_schedule == "warmup_then_cosine":
             warmup = min(warmup, max(total_steps // 10, 1))
         self.schedulers = [torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: schedule(s, total_steps, warmup, tcfg.final_lr_fraction)) for opt in self.optimizers]
+            opt, lambda s: lr_factor(s, total_steps, warmup, tcfg.final_lr_fraction)) for opt in self.optimizers]
         self.autocast, self.scaler, self.precision = precision_for(self.device, tcfg.precision)
 
         self.train_model = self.model
@@ -253,7 +254,7 @@ class Trainer:
             ckpt, path = checkpoint.load(run_dir, self.device, warn=print if self.ddp.main else lambda _: None)
             # after a fallback the unreadable latest is overwritten and the good previous one kept
             self.keep_previous_checkpoint = path.name == checkpoint.CHECKPOINT
-            self._restore(ckpt)
+            self.load_state_dict(ckpt)
 
     # -- bookkeeping -------------------------------------------------------------------------------------
     def position(self, step: int) -> dict:
@@ -261,7 +262,8 @@ class Trainer:
         seconds = self.schedule.accelerator_seconds(step, self.tcfg.batch_size)  # None: throughput unknown
         return {"step": step, "tokens": tokens, "accelerator_seconds": seconds}
 
-    def _state_dict(self) -> dict:
+    def state_dict(self) -> dict:
+        """Everything an exact resume needs: model, optimisers, schedules, RNGs, the carried states, the clocks."""
         return {"model": self.model.state_dict(), "optimizers": [o.state_dict() for o in self.optimizers],
                 "schedulers": [s.state_dict() for s in self.schedulers],
                 "scaler": self.scaler.state_dict() if self.scaler else None,
@@ -270,7 +272,8 @@ class Trainer:
                 "stage_steps": list(zip(self.schedule.seq_lens, self.schedule.steps)),
                 "train_wall_seconds": self.train_seconds, "wall_seconds": dict(self.wall_seconds)}
 
-    def _restore(self, ckpt: dict):
+    def load_state_dict(self, ckpt: dict) -> None:
+        """Continue from a state_dict() (a checkpoint) of a run with the same model config and budget."""
         stage_steps = [list(s) for s in ckpt.get("stage_steps", zip(self.schedule.seq_lens, self.schedule.steps))]
         if (ckpt["model_config"] != dataclasses.asdict(self.model_cfg) or ckpt["total_steps"] != self.total_steps
                 or stage_steps != [list(s) for s in zip(self.schedule.seq_lens, self.schedule.steps)]):
@@ -305,7 +308,7 @@ class Trainer:
             checkpoint.save_rank_states(self.run_dir, self.ddp.rank, self.step, self.states, keep)
             dist.barrier()  # the main checkpoint only once every process has its states on disk
         if self.ddp.main:
-            checkpoint.save(self.run_dir, {**self._state_dict(), "log_rows": log_rows}, keep)
+            checkpoint.save(self.run_dir, {**self.state_dict(), "log_rows": log_rows}, keep)
         self.keep_previous_checkpoint = True
 
     def _checkpoint(self, log):
@@ -313,11 +316,24 @@ class Trainer:
         self.save(log.rows)
 
     # -- training ----------------------------------------------------------------------------------------
+    def _record_hidden(self, head, args, output) -> None:
+        if head.training:
+            self.step_hidden.append(args[0].detach())
+
+    @torch.no_grad()
+    def after_step(self, y: torch.Tensor) -> None:
+        """The model's after-step hook with this step's hidden states and targets (model_contract.WithAfterStep)."""
+        hidden, self.step_hidden = torch.cat(self.step_hidden), []
+        self.model.after_step(hidden, y.flatten(0, 1).to(self.device))
+
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        """One optimiser step over the micro-batches; returns the mean loss over the global batch."""
+        """One optimiser step over the micro-batches; returns the mean language-model loss over the global batch.
+        The model's auxiliary losses join the backward but not the returned loss; their means over the global
+        batch are left in self.aux_losses."""
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
+        aux_totals = {}
         M = self.tcfg.micro_batches
         for m in range(M):
             sync = m == M - 1 or self.ddp.world_size == 1
@@ -325,11 +341,14 @@ class Trainer:
             with ctx:
                 xm, ym = x[m].to(self.device, non_blocking=True), y[m].to(self.device, non_blocking=True)
                 with self.autocast():
-                    logits, state = self.train_model(xm, self.states[m])
+                    logits, state, aux = aux_loss.unpack(self.train_model(xm, self.states[m]))
                 loss = F.cross_entropy(logits.float().flatten(0, 1), ym.flatten())
-                (self.scaler.scale(loss / M) if self.scaler else loss / M).backward()
+                objective = (loss + aux_loss.total(aux)) / M
+                (self.scaler.scale(objective) if self.scaler else objective).backward()
             self.states[m] = detach(state)
             total += loss.detach() / M
+            for name, value in aux.items():
+                aux_totals[name] = aux_totals.get(name, 0.0) + value.detach().float() / M
         if self.tcfg.grad_clip:
             if self.scaler:
                 self.scaler.unscale_(self.optimizers[0])
@@ -338,14 +357,14 @@ class Trainer:
         step_optimizers(self.optimizers, self.scaler)
         for sched in self.schedulers:
             sched.step()
+        if self.step_hidden is not None:
+            self.after_step(y)
         if self.ddp.world_size > 1:
-            dist.all_reduce(total)  # SUM: gloo (CPU) has no AVG
-            total /= self.ddp.world_size
+            for value in (total, *aux_totals.values()):
+                dist.all_reduce(value)  # SUM: gloo (CPU) has no AVG
+                value /= self.ddp.world_size
+        self.aux_losses = {name: value.item() for name, value in aux_totals.items()}
         return total.item()
-
-    @property
-    def stateful(self) -> bool:
-        return any(s is not None for s in self.states)
 
     def train(self, log, stop: StopSignals | None = None) -> None:
         """Train to the last step (or --stop_at_step); after a stop signal, to the end of the current step."""
@@ -383,8 +402,11 @@ class Trainer:
                     row = {"event": "train", **self.position(self.step),
                            "seq_len": self.schedule.seq_len_at(self.step - 1), "loss": loss,
                            "lr": self.schedulers[0].get_last_lr()[0], "tokens_per_second_local": tok_s,
-                           "train_wall_seconds": self.train_seconds}
-                    if self.flops_per_forward and getattr(self, "peak_flops", None):
+                           "train_wall_seconds": self.train_seconds,
+                           **{f"aux_{name}": value for name, value in self.aux_losses.items()},
+                           **(self.model.train_metrics()
+                              if isinstance(self.model, model_contract.WithTrainMetrics) else {})}
+                    if self.flops_per_forward and self.peak_flops:
                         row["mfu"] = flops.mfu(self.flops_per_forward, self.seq_len, tok_s, self.peak_flops)
                     log.write(row)
                     bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}",
@@ -420,29 +442,6 @@ class Trainer:
                                 say=say)
         self.wall_seconds["final_evaluation"] += time.perf_counter() - start
         return evals
-
-    def results(self, evals: dict, compute_class: str | None) -> dict:
-        pos = self.position(self.step)
-        fwd = self.flops_per_forward
-        return {
-            "project": self.project, "config": self.config_name,
-            "model_config": dataclasses.asdict(self.model_cfg), "train_config": dataclasses.asdict(self.tcfg),
-            "compute_class": compute_class, "reference_hardware": self.reference_hardware,
-            "tokens_per_second": self.tokens_per_second, "global_batch_size": self.tcfg.batch_size,
-            "seq_len": self.seq_len, "steps": self.step, "tokens_seen": pos["tokens"],
-            **({"stages": self.schedule.records(self.tcfg.batch_size)} if self.tcfg.stages else {}),
-            "accelerator_seconds": pos["accelerator_seconds"],
-            "accelerator_hours": pos["accelerator_seconds"] / 3600 if pos["accelerator_seconds"] is not None else None,
-            "train_wall_seconds": self.train_seconds,
-            "parameters": sum(p.numel() for p in self.model.parameters()),
-            "flops_per_forward": fwd,
-            "total_flops": flops.train_flops_per_token(fwd, self.seq_len) * pos["tokens"] if fwd else None,
-            "dataset": str(self.dataset.dir.resolve()), "dataset_name": self.dataset.name,
-            "dataset_fingerprint": self.dataset.fingerprint, "precision": self.precision,
-            "wall_seconds": {**self.wall_seconds, "total": sum(self.wall_seconds.values())},
-            "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            **evals, **self.extra_results,
-        }
 
 
 def write_json(path: Path, data: dict) -> None:

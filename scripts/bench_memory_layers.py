@@ -13,12 +13,12 @@ Per layer it reports, per token (the run's time divided by its tokens, like Figu
 minibatch size"), the median of --repeats runs after --warmup runs:
 - forward (no grad), the quantity of Figure 3 and Table 4;
 - forward + backward (to the parameters and the input), with the atomic value gradient and the reverse-index one
-  (LRAM "segment", PKM "sorted"; they differ only in the Triton kernels, so only on a GPU);
+  (value_grad "segment" in both memory layers; they differ only in the Triton kernels, so only on a GPU);
 - the training step with Adam on every parameter, and the optimiser's share of it; for memory layers
   whose constructor takes sparse_values=True, also the step with row-sparse value gradients and
   torch.optim.SparseAdam for the values (Adam for the rest), as languini.trainer does;
 - for LRAM, the lookup alone (theta on precomputed queries) and its bandwidth on the value rows it gathers,
-  tokens * heads * 32 rows of 64 values per run, against the GPU's spec HBM bandwidth (HBM_SPEC_GBPS; not
+  tokens * heads * 32 rows of 64 values per run, against the GPU's spec HBM bandwidth (languini/hardware.py; not
   measured; small memories sit in L2, so the fraction can exceed 1).
 GPU times come from CUDA events, CPU times from time.perf_counter (CPU kernels are synchronous).
 On CPU the layers run their PyTorch reference paths: use tiny sizes, for a smoke test only.
@@ -50,7 +50,6 @@ import re
 import shlex
 import statistics
 import sys
-import time
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Callable, Sequence
@@ -58,21 +57,13 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from languini import timing
+from languini.hardware import device_spec
 from languini.trainer import precision_for
-from projects.lram_gpt.lattice import interpolate
-from projects.lram_gpt.memory import LRAMBlock, theta, torus_query
+from projects.lram_gpt.memory import LRAMBlock, theta
+from projects.lram_gpt.ops.lookup.naive import interpolate, torus_query
 from projects.pkm_gpt.pkm import LRAM_PAPER_PKM, ProductKeyMemory
 
-# Vendor spec-sheet HBM bandwidths in GB/s (not measured here), matched against torch's device name.
-HBM_SPEC_GBPS = (
-    (r"H200", 4800),
-    (r"H100 PCIe", 2000),
-    (r"H100 (80GB HBM3|SXM)", 3350),
-    (r"A100.*80GB", 2000),
-    (r"A100.*40GB", 1555),
-    (r"RTX 3090$", 936),
-    (r"RTX 4090$", 1008),
-)
 PAPER_REPEATS = 15  # Figure 3: "the median of 15 successive runs"
 DEFAULT_WIDTHS = "512,768,2048,3072,4096,6144,8192,12288"  # Figure 3's and Table 4's widths, and the model's 768
 DEFAULT_PARAMS = "2^20..2^30"
@@ -99,7 +90,6 @@ class Layer:
     build: Callable[..., nn.Module]  # build(width, size, **options); memory layers take their constructor's options
     sizes: Sequence[int] = ()
     size_label: Callable[[int], str] = str
-    reverse_index: str | None = None  # the value_grad option of the reverse-index value gradient ("atomic": atomics)
 
     @property
     def is_memory(self) -> bool:
@@ -121,9 +111,8 @@ def pkm(width, n_keys, use_triton=None, **options):
 LAYERS = {
     "dense": Layer("dense MLP", dense_mlp),
     "lram": Layer("LRAM", lram, sizes=tuple(2**e for e in range(8, 41)),
-                  size_label=lambda n: f"N=2^{n.bit_length() - 1}", reverse_index="segment"),
-    "pkm": Layer("PKM", pkm, sizes=range(32, 2**17), size_label=lambda n: f"n_keys={n}",
-                 reverse_index="sorted"),
+                  size_label=lambda n: f"N=2^{n.bit_length() - 1}"),
+    "pkm": Layer("PKM", pkm, sizes=range(32, 2**17), size_label=lambda n: f"n_keys={n}"),
 }
 
 
@@ -170,18 +159,6 @@ class Bench:
     warmup: int
 
 
-def _stamp(device):
-    if device.type == "cuda":
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-    return time.perf_counter()
-
-
-def _seconds_between(start, end, device):
-    return start.elapsed_time(end) / 1000 if device.type == "cuda" else end - start
-
-
 _L2_FLUSH = {}
 
 
@@ -198,21 +175,10 @@ def fresh_inputs(bench: Bench, *inputs):
 
 
 def time_phases(run_once, bench: Bench, inputs=()) -> list[list[float]]:
-    """Seconds of each phase of each timed run; run_once(mark) calls mark() at the end of every phase.
-
-    The tensors in inputs get new random values before every run, and a GPU's L2 cache is flushed."""
-    for _ in range(bench.warmup):
-        fresh_inputs(bench, *inputs)
-        run_once(lambda: None)
-    runs = []
-    for _ in range(bench.repeats):
-        fresh_inputs(bench, *inputs)
-        stamps = [_stamp(bench.device)]
-        run_once(lambda: stamps.append(_stamp(bench.device)))
-        runs.append(stamps)
-    if bench.device.type == "cuda":
-        torch.cuda.synchronize(bench.device)
-    return [[_seconds_between(a, b, bench.device) for a, b in zip(s, s[1:])] for s in runs]
+    """Seconds of each phase of each timed run (languini.timing); run_once(mark) calls mark() at the end of every
+    phase. The tensors in inputs get new random values before every run, and a GPU's L2 cache is flushed."""
+    return timing.time_phases(run_once, bench.device, bench.repeats, bench.warmup,
+                              before_each=lambda: fresh_inputs(bench, *inputs))
 
 
 def forward_run(module, x, bench):
@@ -329,7 +295,7 @@ def measure(layer_key: str, width: int, size: int | None, target: int | None, be
         release(bench.device)
         if layer.is_memory and bench.use_triton is not False:
             stage = "reverse-index backward"
-            module = make(layer_key, width, size, bench.use_triton, value_grad=layer.reverse_index).to(bench.device)
+            module = make(layer_key, width, size, bench.use_triton, value_grad="segment").to(bench.device)
             runs = time_phases(training_run(module, x, grad, [], bench), bench, [x])
             m.fwd_bwd_reverse_index = median_per_token([r[0] for r in runs], bench)
             del module
@@ -370,7 +336,7 @@ def time_lookup(block: LRAMBlock, x, bench):
     def forward_no_torus(mark):
         with torch.no_grad():
             if use_triton:
-                from projects.lram_gpt.lookup_triton import interpolate_triton
+                from projects.lram_gpt.ops.lookup.triton import interpolate_triton
 
                 interpolate_triton(q, block.values, block.K, block.topk)
             else:
@@ -447,10 +413,9 @@ def run_all(configs, bench, log=print, on_result=lambda m: None) -> list[Measure
 
 
 def hbm_spec_gbps(device_name: str) -> float | None:
-    for pattern, gbps in HBM_SPEC_GBPS:
-        if re.search(pattern, device_name):
-            return gbps
-    return None
+    """The device's spec HBM bandwidth in GB/s from languini.hardware's table; None where it records none."""
+    spec = device_spec(device_name)
+    return spec.hbm_bytes_per_second / 1e9 if spec and spec.hbm_bytes_per_second else None
 
 
 def format_params(n: int) -> str:

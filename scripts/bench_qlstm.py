@@ -4,7 +4,7 @@ Times one training step (forward, backward, AdamW update) of a stack of n_layers
 x + cell(LayerNorm(x)), with the state carried from step to step as in training. There is no MLP,
 embedding or output head, so the numbers are higher than a full model's; they compare the
 recurrence implementations: the minimal for-loop, block-parallel at several block lengths, and the
-Triton scan. Timed with CUDA events on a GPU, with a wall clock on CPU.
+Triton scan. Timed by languini.timing: the median step, CUDA events on a GPU, a wall clock on CPU.
 
     python scripts/bench_qlstm.py                       # qLSTM-small-sized stack on the GPU
     python scripts/bench_qlstm.py --d_model 16 --n_layers 1 --batch 2 --seq_len 33 \\
@@ -12,14 +12,14 @@ Triton scan. Timed with CUDA events on a GPU, with a wall clock on CPU.
 """
 
 import argparse
-import os
-import time
 
 import torch
 
 from torch import nn
 
 from languini.flags import add_bool_flag
+from languini.timing import time_calls
+from languini.triton_utils import interpreting
 from languini.trainer import detach
 from projects.qlstm.configs import ModelConfig
 from projects.qlstm.model import make_cell
@@ -41,7 +41,7 @@ class CellStack(nn.Module):
 
 
 def time_training_steps(model, args, device, autocast_dtype):
-    """Mean seconds per training step, after warmup steps."""
+    """Median seconds per training step (languini.timing), after warmup steps."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randn(args.batch, args.seq_len, args.d_model, device=device)
     states = [None] * args.n_layers
@@ -56,21 +56,7 @@ def time_training_steps(model, args, device, autocast_dtype):
         optimizer.zero_grad(set_to_none=True)
         states = detach(new_states)
 
-    for _ in range(args.warmup):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(args.steps):
-            step()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1000 / args.steps
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    return (time.perf_counter() - start) / args.steps
+    return time_calls(step, device, args.steps, args.warmup).median
 
 
 def table_rows(args):
@@ -87,7 +73,7 @@ def table_rows(args):
 def run_row(row, args, device, autocast_dtype):
     """tokens/s, ms per step and peak GiB as printable strings."""
     model_name, n_heads, d_head, block_len, impl = row
-    if impl == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if impl == "triton" and device.type != "cuda" and not interpreting():
         return "skipped: needs CUDA or TRITON_INTERPRET=1", "-", "-"
     torch.manual_seed(0)
     cfg = ModelConfig(d_model=args.d_model, n_heads=n_heads, d_head=d_head, cell=model_name.lower(), impl=impl,
@@ -128,7 +114,7 @@ def main(argv=None):
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"# {device_name}, {dtype_name}, torch {torch.__version__}, compile={args.compile}: "
           f"{args.n_layers} layers x (LayerNorm + cell), d_model {args.d_model}, "
-          f"batch {args.batch}, seq_len {args.seq_len}, mean of {args.steps} training steps")
+          f"batch {args.batch}, seq_len {args.seq_len}, median of {args.steps} training steps")
     header = ("model", "n_heads", "d_head", "block length", "implementation", "tokens/s", "ms/step", "peak GiB")
     print(" | ".join(header))
     print(" | ".join("---" for _ in header))

@@ -6,6 +6,8 @@ entry points under the interpreter on tiny inputs at model widths (bf16 autocast
 value-gradient variant) and records each distinct launch: the argument types and the compile-time
 constants. It then compiles those launches for the chosen architectures down to a cubin (Triton ships
 ptxas; no GPU or driver is needed) and prints a table of registers, spilled bytes and shared memory.
+Each project owns its scenarios: kernel_scenarios() in projects/<p>/ops/__init__.py, for every project with
+an ops/<op>/triton.py.
 
     python scripts/compile_kernels.py                       # all projects, sm_90 (H100/H200) and sm_80 (A100)
     python scripts/compile_kernels.py --project lram_gpt --arch 90 --csv compiled.csv
@@ -15,9 +17,9 @@ Exits with 1 when a kernel fails to compile, after printing the compiler's error
 
 import argparse
 import csv
-import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -25,7 +27,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECTS = ("lram_gpt", "pkm_gpt", "qlstm")
+# a Triton kernel: a jit function (perhaps under further decorators) whose name ends in _kernel
+KERNEL_DEFINITION = re.compile(r"^@triton\.jit[^\n]*\n(?:@[^\n]*\n)*def (\w+_kernel)\(", re.MULTILINE)
+# the projects with Triton kernels: projects/<p>/ops/<op>/triton.py
+PROJECTS = tuple(sorted({path.parents[2].name for path in ROOT.glob("projects/*/ops/*/triton.py")}))
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")  # a launch's compile options, not arguments
 DTYPE_NAMES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16",
                "torch.int64": "i64", "torch.int32": "i32", "torch.int16": "i16", "torch.int8": "i8",
@@ -35,59 +40,24 @@ DTYPE_NAMES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16
 # ---------------------------------------------------------------- recording (under the interpreter)
 
 
+def project_kernels(project):
+    """The names of the Triton kernels (jit functions named *_kernel) defined in projects/<project>/ops/*/."""
+    names = set()
+    for source in sorted((ROOT / "projects" / project / "ops").glob("*/*.py")):
+        names |= set(KERNEL_DEFINITION.findall(source.read_text()))
+    return names
+
+
 def _scenarios(project):
-    """Yield (description, callable) pairs that launch the project's kernels as its model does."""
-    import torch
+    """Yield (description, callable) pairs that launch the project's kernels as its model does: the project's
+    own kernel_scenarios() in projects/<project>/ops/__init__.py."""
+    import importlib
 
-    def forward_backward(module, x, autocast):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            out = module(x)
-            out = out[0] if isinstance(out, tuple) else out
-        out.float().square().sum().backward()
-
-    if project == "lram_gpt":
-        from projects.lram_gpt.memory import LRAMBlock
-
-        for values_dtype in (torch.float32, torch.bfloat16):
-            for value_grad, sparse in (("atomic", False), ("segment", False), ("segment", True)):
-                block = LRAMBlock(32, memory_size=2 ** 16, use_triton=True, value_grad=value_grad,
-                                  sparse_values=sparse)
-                block.values.data = block.values.data.to(values_dtype)
-                x = torch.randn(1, 3, 32)
-                yield (f"values {values_dtype}, {value_grad}, sparse={sparse}",
-                       lambda block=block, x=x: forward_backward(block, x, autocast=True))
-        block = LRAMBlock(32, memory_size=2 ** 16, use_triton=True)
-        yield "read_locations", lambda: block.read_locations(torch.randn(1, 5, 32))
-        yield "fp32 without autocast", lambda: forward_backward(block, torch.randn(1, 3, 32), autocast=False)
-        from projects.lram_gpt.lookup_triton import interpolate_triton
-
-        def lookup_from_coordinates():  # phi(q) and its gradients: the kernels without the torus query
-            q = (torch.randn(3, 8) * 8).requires_grad_()
-            interpolate_triton(q, block.values, block.K).square().sum().backward()
-
-        yield "interpolate_triton", lookup_from_coordinates
-    elif project == "pkm_gpt":
-        from projects.pkm_gpt.pkm import LRAM_PAPER_PKM, ProductKeyMemory
-
-        # Every value width >= 128 launches with BLOCK_DIM = 128, as this one does.
-        for values_dtype in (torch.float32, torch.bfloat16):
-            for value_grad, sparse in (("atomic", False), ("sorted", False), ("sorted", True)):
-                config = dataclasses.replace(LRAM_PAPER_PKM, value_grad=value_grad, sparse_values=sparse)
-                layer = ProductKeyMemory.from_config(128, config, use_triton=True)
-                layer.values.data = layer.values.data.to(values_dtype)
-                x = torch.randn(1, 1, 128)
-                yield (f"values {values_dtype}, {value_grad}, sparse={sparse}",
-                       lambda layer=layer, x=x: forward_backward(layer, x, autocast=True))
-    elif project == "qlstm":
-        from projects.qlstm.cell import QuasiLSTM
-
-        # Every width of Table 8 has >= 64 channels, so its launches have BLOCK_C = 64 as this one has.
-        cell = QuasiLSTM(64, n_heads=1, d_head=64, impl="triton")
-        for autocast in (False, True):
-            x = torch.randn(1, 37, 64)
-            yield f"autocast={autocast}", lambda x=x, autocast=autocast: forward_backward(cell, x, autocast)
-    else:
-        raise ValueError(f"unknown project {project!r}; choose from {PROJECTS}")
+    ops = importlib.import_module(f"projects.{project}.ops")
+    if not hasattr(ops, "kernel_scenarios"):
+        raise SystemExit(f"projects/{project}/ops/__init__.py defines kernels but no kernel_scenarios(); add one "
+                         "that launches each kernel as the model does (see projects/qlstm/ops/__init__.py)")
+    yield from ops.kernel_scenarios()
 
 
 def _argument_type(value):
@@ -120,7 +90,8 @@ def record(project):
         signature, constants, aligned = {}, {}, []
         for position, (name, parameter) in enumerate(inspect.signature(self.fn).parameters.items()):
             value = bound.arguments.get(name, parameter.default)
-            if "constexpr" in str(parameter.annotation):
+            # a None pointer (an unused buffer) is specialised as a constant, as the JIT does
+            if "constexpr" in str(parameter.annotation) or value is None:
                 signature[name], constants[name] = "constexpr", value
                 continue
             signature[name], divisible = _argument_type(value)
@@ -172,6 +143,8 @@ def compile_to_cubin(launch, arch):
     from triton.compiler import ASTSource
 
     kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
+    while not isinstance(kernel, triton.runtime.JITFunction):  # @triton.heuristics wraps the jitted function
+        kernel = kernel.fn
     attrs = {(position,): [["tt.divisibility", 16]] for position in launch["aligned"]}
     source = ASTSource(fn=kernel, signature=launch["signature"], constexprs=launch["constants"], attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=launch.get("options") or None)
@@ -216,7 +189,7 @@ def prepare_compiling():
 
 
 def _constants_text(constants):
-    return " ".join(f"{name}={value}" for name, value in constants.items())
+    return " ".join(f"{name}={value}" for name, value in constants.items() if value is not None)
 
 
 def _pointer_dtypes(signature):

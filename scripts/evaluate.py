@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from languini import checkpoint, experiment, tokenizer
+from languini import checkpoint, experiment, model_contract, tokenizer
 from languini.books import SLOW_EVAL_PROTOCOLS, DataError
 from languini.evaluation import Evaluator, describe_slow_protocol, evaluate_splits
 from languini.trainer import TrainConfig, init_distributed, precision_for, write_json
@@ -67,22 +67,24 @@ def load_run(run_dir: Path) -> dict:
                             "of a train.py.")
 
 
-def train_config(saved: dict, args: argparse.Namespace) -> TrainConfig:
-    """The run's training config with the evaluation flags given on the command line."""
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
-    tcfg = TrainConfig(**{k: v for k, v in saved.items() if k in names})
+def run_configs(saved: dict, args: argparse.Namespace) -> tuple[TrainConfig, experiment.RunConfig]:
+    """The run's training and run configs (saved as one flat record) with the flags given on the command line."""
+    def fields_of(cls, given: dict):
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in {**saved, **given}.items() if k in names})
+
     given = {"data_root": args.data_root, "tokenizer": args.tokenizer, "eval_batch_size": args.eval_batch_size,
              "slow_eval": args.slow_eval, "precision": args.precision}
     given = {k: v for k, v in given.items() if v is not None}
     given.update({field: getattr(args, field) for field in CAPS if hasattr(args, field)})
-    return dataclasses.replace(tcfg, **given)
+    return fields_of(TrainConfig, given), fields_of(experiment.RunConfig, given)
 
 
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
     try:
         return evaluate(args)
-    except (DataError, ValueError, FileNotFoundError, checkpoint.CheckpointError) as e:
+    except (DataError, ValueError, FileNotFoundError, checkpoint.CheckpointError, model_contract.ContractError) as e:
         sys.exit(f"error: {e}")
 
 
@@ -104,16 +106,16 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     configs = importlib.import_module(f"projects.{run['project']}.configs")
     model_cls = importlib.import_module(f"projects.{run['project']}.model").Model
     model_cfg = configs.ModelConfig(**ckpt["model_config"])
-    tcfg = train_config(run["train"], args)
-    dataset, _ = experiment.load_data(tcfg, model_cfg, True, say, ddp)  # the trained model's vocab decides
+    tcfg, rcfg = run_configs(run["train"], args)
+    dataset, _ = experiment.load_data(rcfg, model_cfg, True, say, ddp)  # the trained model's vocab decides
     splits = args.split or [s for s in dataset.splits if s != "train"]
     for split in splits:
         dataset.books(split)  # an unknown split fails here, before any work, with the splits there are
-    sp = experiment.load_tokenizer(dataset, tcfg, model_cfg.vocab_size)
+    sp = experiment.load_tokenizer(dataset, rcfg, model_cfg.vocab_size)
 
     model = model_cls(model_cfg).to(device)
     model.load_state_dict(ckpt["model"])
-    stateful = experiment.is_stateful(model, device)  # also puts the model in eval mode
+    stateful = model_contract.stateful(model_cls)
     autocast, _, precision = precision_for(device, tcfg.precision)
     evaluator = Evaluator(torch.from_numpy(tokenizer.bytes_per_token(sp)), model_cfg.vocab_size, model_cfg.seq_len,
                           device, tcfg.eval_batch_size, tcfg.eval_max_batches, tcfg.slow_eval_max_windows, autocast,
@@ -127,7 +129,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         return None
     if not results:
         results = {"project": run["project"], "config": run["config"], "model_config": ckpt["model_config"],
-                   "train_config": dataclasses.asdict(tcfg), "steps": ckpt["step"]}
+                   "train_config": experiment.run_record(tcfg, rcfg), "steps": ckpt["step"]}
     for mode in modes:
         results.setdefault("eval", {}).setdefault(mode, {}).update(evals["eval"][mode])
     if "memory_stats" in evals:

@@ -149,12 +149,12 @@ class LookupSpec:
 
 
 def lookup_spec(project: str, kernel: str, constants: dict, pointers: dict) -> LookupSpec | None:
-    """The spec of an LRAM lookup kernel's launch (None for other kernels); see projects/lram_gpt/lookup_triton.py."""
-    if project != "lram_gpt":
-        return None
-    from projects.lram_gpt import lookup_triton as lt
+    """The spec of a launch from the project's kernel_cost_spec() in projects/<project>/ops/__init__.py (None
+    where the project has none or it does not know the kernel)."""
+    import importlib
 
-    return lt.cost_spec(kernel, constants, pointers, LookupSpec)
+    cost_spec = getattr(importlib.import_module(f"projects.{project}.ops"), "kernel_cost_spec", None)
+    return cost_spec(kernel, constants, pointers, LookupSpec) if cost_spec else None
 
 
 # ---------------------------------------------------------------- one row per launch
@@ -191,7 +191,8 @@ def cost_row(project, launch, arch):
     row = {
         "project": project, "kernel": launch["kernel"], "triton": triton.__version__, "arch": f"sm_{arch}",
         "pointers": compile_kernels._pointer_dtypes(launch["signature"]),
-        "values": launch["signature"].get("values_ptr", "-").lstrip("*"),
+        # the value table's dtype; "-" for a kernel without one or a launch that reads none (a None pointer)
+        "values": launch["signature"].get("values_ptr", "-").lstrip("*").replace("constexpr", "-"),
         "constants": compile_kernels._constants_text(constants),
         "warps": warps, "regs": usage.get("reg", 0), "spill": usage.get("local", 0), "stack": usage.get("stack", 0),
         "spill_instructions": int(whole.local), "shared": compiled.metadata.shared,

@@ -30,8 +30,7 @@ def power_of_two(text: str) -> int:
 def build(args) -> torch.nn.Module:
     if args.layer == "lram":
         return LRAMBlock(args.width, memory_size=args.memory_size, value_grad=args.value_grad, use_triton=True)
-    value_grad = {"segment": "sorted"}.get(args.value_grad, args.value_grad)  # PKM's name for the reverse index
-    config = replace(LRAM_PAPER_PKM, n_keys=args.n_keys, value_grad=value_grad)
+    config = replace(LRAM_PAPER_PKM, n_keys=args.n_keys, value_grad=args.value_grad)
     return ProductKeyMemory.from_config(args.width, config, use_triton=True)
 
 
@@ -45,7 +44,7 @@ def main(argv=None):
     parser.add_argument("--memory_size", type=power_of_two, default=2**18, help="LRAM rows, e.g. 2^18")
     parser.add_argument("--n_keys", type=int, default=256, help="PKM sub-keys per half (memory n_keys^2)")
     parser.add_argument("--value_grad", choices=["atomic", "segment"], default="atomic",
-                        help="value gradient: atomics, or the reverse index (LRAM segment, PKM sorted)")
+                        help="value gradient: atomics, or segment sums over the reverse index")
     parser.add_argument("--mode", choices=["forward", "train"], default="train", help="forward only, or + backward")
     parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
     parser.add_argument("--steps", type=int, default=5, help="profiled steps (after --warmup untimed ones)")

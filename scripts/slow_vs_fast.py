@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from languini import checkpoint
+from languini import aux_loss, checkpoint
 from languini.books import BooksDataset, Stream, window_plan
 
 BUCKETS = 8  # rows of the table: context lengths in eighths of seq_len
@@ -57,7 +57,7 @@ def target_losses(model, tokens: torch.Tensor, windows: list[tuple[int, int, int
         for row, (start, _, last) in enumerate(group):
             x[row, :last - start] = tokens[start:last]
             y[row, :last - start] = tokens[start + 1:last + 1]
-        logits, state = model(x, None)
+        logits, state, _ = aux_loss.unpack(model(x, None))
         if state is not None:
             raise SystemExit("a stateful model: its slow evaluation carries the state, not windows")
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none").view_as(y).double()

@@ -55,6 +55,8 @@ class Block(nn.Module):
 
 
 class Model(nn.Module):
+    stateful = False  # every window starts afresh (languini/model_contract.py)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg

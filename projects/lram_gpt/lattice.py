@@ -1,4 +1,4 @@
-"""The E8 lattice memory of Goucher & Troll (sections 2.2-2.6): the lattice, the torus, the lookup.
+"""The E8 lattice memory of Goucher & Troll (sections 2.2-2.6): the lattice, the torus, the lookup's geometry.
 
 Lambda is E8 scaled by 2: integer points whose coordinates share one parity and sum to a multiple of 4.
 Its minimal vectors have length sqrt(8), its packing radius is sqrt(2) and its covering radius 2.
@@ -19,7 +19,8 @@ The lookup (2.6): the nearest lattice point c (Conway & Sloane's decoder on the 
 then a signed permutation with an even number of sign changes maps q - c into the fundamental region
     F: z_1 >= ... >= z_7 >= |z_8|,  z_1 + z_2 <= 2,  z_1 + ... + z_8 <= 4,
 where FUNDAMENTAL_POINTS lists every lattice point closer than sqrt(8) to F (computed below, not pasted).
-Their inverse images are a superset of the lattice points in the query's kernel support.
+Their inverse images are a superset of the lattice points in the query's kernel support. The lookup itself
+(and its kernels) is the op in ops/lookup/.
 """
 from __future__ import annotations
 
@@ -28,7 +29,6 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 DIM = 8
 KERNEL_RADIUS_SQ = 8.0  # f(r) vanishes from r = sqrt(8), the distance between neighbouring points
@@ -221,59 +221,3 @@ def compute_fundamental_points() -> torch.Tensor:
 
 
 FUNDAMENTAL_POINTS = compute_fundamental_points()
-
-
-# ---------------------------------------------------------------------------------------------------
-# The lookup
-# ---------------------------------------------------------------------------------------------------
-
-def kernel_weight(squared_distance: torch.Tensor) -> torch.Tensor:
-    """f(r) = max(0, 1 - r^2/8)^4 as a function of r^2."""
-    return torch.clamp(1 - squared_distance / KERNEL_RADIUS_SQ, min=0) ** 4
-
-
-def neighbours(q: torch.Tensor, topk: int = DEFAULT_TOPK):
-    """The `topk` heaviest lattice points around q [..., 8] (float [..., topk, 8], integer valued).
-
-    Sorted by falling weight; equal weights keep the order of FUNDAMENTAL_POINTS.
-    """
-    n_points = FUNDAMENTAL_POINTS.shape[0]
-    if not 1 <= topk <= n_points:
-        raise ValueError(f"topk must be in [1, {n_points}], got {topk}")
-    points = FUNDAMENTAL_POINTS.to(device=q.device, dtype=q.dtype)
-    z, center, position, sign = to_fundamental(q)
-    squared_distance = ((z[..., None, :] - points) ** 2).sum(-1)
-    order = torch.sort(squared_distance, dim=-1, stable=True).indices[..., :topk]
-    return from_fundamental(points[order], center, position, sign)
-
-
-def lookup(q: torch.Tensor, K, topk: int = DEFAULT_TOPK):
-    """The memory read of query q [..., 8] (lattice coordinates) on the torus K.
-
-    Returns (index LongTensor [..., topk], weight [..., topk]) sorted by falling weight. The weight is
-    differentiable in q (the points themselves are piecewise constant).
-    """
-    K = check_torus(K)
-    if q.shape[-1] != DIM:
-        raise ValueError(f"queries must have 8 coordinates in the last dimension, got shape {tuple(q.shape)}")
-    points = neighbours(q, topk)
-    weight = kernel_weight(((q[..., None, :] - points) ** 2).sum(-1))
-    return memory_index(points.long(), K), weight
-
-
-def interpolate(q: torch.Tensor, values: torch.Tensor, K, topk: int = DEFAULT_TOPK) -> torch.Tensor:
-    """phi(q) = sum of weight * values[index] over the lookup (reference; [..., m], float32 or wider)."""
-    if values.shape[0] != memory_size(K):
-        raise ValueError(f"values has {values.shape[0]} rows but the torus {tuple(K)} has {memory_size(K)}")
-    index, weight = lookup(q, K, topk)
-    # the cast first makes the value gradient accumulate in float32 or wider, not in bf16
-    return weighted_read(index, weight, values.to(torch.promote_types(q.dtype, torch.float32)))
-
-
-def weighted_read(index: torch.Tensor, weight: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """sum_k weight[..., k] * table[index[..., k]]: [..., m] in the table's dtype."""
-    topk = index.shape[-1]
-    # embedding_bag sums per query without materialising the [..., topk, m] rows
-    read = F.embedding_bag(index.reshape(-1, topk), table, per_sample_weights=weight.reshape(-1, topk).to(table.dtype),
-                           mode="sum")
-    return read.view(*index.shape[:-1], table.shape[1])

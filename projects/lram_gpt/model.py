@@ -18,13 +18,13 @@ For topk = 32 and m = 64: 9920 FLOPs per token and head.
 import math
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from languini.memory_stats import MemoryStats
 from projects.lram_gpt.configs import ModelConfig
 from projects.lram_gpt.lattice import DIM, FUNDAMENTAL_POINTS
-from projects.lram_gpt.memory import VALUE_DTYPES, LRAMBlock, MemoryAccessStats
+from projects.lram_gpt.memory import VALUE_DTYPES, LRAMBlock
 
 TORUS_QUERY_FLOPS = DIM * 7 + DIM
 
@@ -102,6 +102,8 @@ def lram_block(cfg: ModelConfig) -> LRAMBlock:
 
 
 class Model(nn.Module):
+    stateful = False  # every window starts afresh (languini/model_contract.py)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -117,8 +119,6 @@ class Model(nn.Module):
             residual_write = block.ff.out if block.ff is self.memory else block.ff.proj
             nn.init.normal_(residual_write.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
         self.memory.reset_values()  # the memory's own value init, not the GPT's
-        self.access_stats: MemoryAccessStats | None = None  # collected in eval mode after reset_memory_stats
-        self.memory.register_forward_pre_hook(self._record_reads)
 
     @staticmethod
     def _init(m):
@@ -159,24 +159,13 @@ class Model(nn.Module):
         return theta_flops(seq_len, memory.n_heads, memory.topk, memory.value_dim)
 
     # -- memory statistics (LRAM paper, Table 5) ---------------------------------------------------------
-    def _record_reads(self, memory: LRAMBlock, args) -> None:
-        if self.access_stats is not None and not memory.training:
-            self.access_stats.update(*memory.read_locations(args[0]))
-
     def reset_memory_stats(self) -> None:
-        """Start recording the memory reads of every forward pass in eval mode until the next reset."""
-        self.access_stats = MemoryAccessStats(self.memory.memory_size)
+        """Start recording the memory's reads in every forward until the next reset."""
+        self.memory.stats = MemoryStats(self.memory.memory_size)
 
     def memory_stats(self) -> dict:
-        """Share of memory locations read and KL (nats) of the weighted reads from uniform since
-        reset_memory_stats, over all processes when running distributed."""
-        if self.access_stats is None:
-            raise ValueError("memory_stats() needs reset_memory_stats() and an eval-mode forward pass first.")
-        stats = self.access_stats
-        if dist.is_available() and dist.is_initialized():
-            merged = MemoryAccessStats(stats.memory_size)
-            # a copy, so that asking twice does not sum twice; a process that saw no tokens holds it on the CPU
-            merged.weight = stats.weight.to(self.memory.values.device, copy=True)
-            dist.all_reduce(merged.weight)
-            stats = merged
-        return stats.result()
+        """languini.memory_stats.MemoryStats.result() of the reads since reset_memory_stats; when running
+        distributed, over all processes, so every process must call it."""
+        if self.memory.stats is None:
+            raise ValueError("memory_stats() needs reset_memory_stats() and a forward pass first.")
+        return self.memory.stats.all_processes(self.memory.values.device).result()

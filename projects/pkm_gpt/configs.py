@@ -28,8 +28,8 @@ class ModelConfig:
     pkm_k_dim: int = LRAM_PAPER_PKM.k_dim
     pkm_n_keys: int = LRAM_PAPER_PKM.n_keys  # the memory has pkm_n_keys ** 2 values of width d_model
     pkm_knn: int = LRAM_PAPER_PKM.knn
-    pkm_query_norm: str = LRAM_PAPER_PKM.query_norm  # layernorm (causal), batchnorm (not causal) or none
-    pkm_value_grad: str = LRAM_PAPER_PKM.value_grad  # Triton value-gradient kernel: atomic or sorted
+    memory_query_norm: str = LRAM_PAPER_PKM.query_norm  # layer (causal), batch (not causal) or none
+    memory_value_grad: str = LRAM_PAPER_PKM.value_grad  # Triton value-gradient reduction: atomic or segment
     value_lr_multiplier: float = 10.0  # the value table's learning rate over the rest's (LRAM paper: 10x)
     sparse_values: bool = False  # value gradient as sparse rows read, for a lazy (SparseAdam) optimiser group
 

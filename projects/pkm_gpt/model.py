@@ -7,12 +7,12 @@ trains at `value_lr_multiplier` x the learning rate (see `optimizer_groups`), as
 import math
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from languini.memory_stats import MemoryStats
 from projects.pkm_gpt.configs import ModelConfig
-from projects.pkm_gpt.pkm import MemoryUsage, ProductKeyMemory, pkm_flops
+from projects.pkm_gpt.pkm import ProductKeyMemory, pkm_flops
 
 
 ATTENTION = ("math", "sdpa")
@@ -73,6 +73,8 @@ def memory_layer_index(cfg: ModelConfig) -> int:
 
 
 class Model(nn.Module):
+    stateful = False  # every window starts afresh (languini/model_contract.py)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -81,8 +83,8 @@ class Model(nn.Module):
         self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
         self.blocks = nn.ModuleList(
             Block(cfg, ProductKeyMemory(cfg.d_model, heads=cfg.pkm_heads, k_dim=cfg.pkm_k_dim,
-                                        n_keys=cfg.pkm_n_keys, knn=cfg.pkm_knn, query_norm=cfg.pkm_query_norm,
-                                        value_grad=cfg.pkm_value_grad, sparse_values=cfg.sparse_values)
+                                        n_keys=cfg.pkm_n_keys, knn=cfg.pkm_knn, query_norm=cfg.memory_query_norm,
+                                        value_grad=cfg.memory_value_grad, sparse_values=cfg.sparse_values)
                   if i == self.memory_layer else MLP(cfg))
             for i in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
@@ -135,29 +137,12 @@ class Model(nn.Module):
         return parts["candidate_sums"] + parts["embedding_bag"]
 
     def reset_memory_stats(self) -> None:
-        """Start collecting value-table accesses in every forward until the next reset."""
-        self.memory.usage = MemoryUsage(self.memory.num_values)
+        """Start recording the memory's reads in every forward until the next reset."""
+        self.memory.stats = MemoryStats(self.memory.num_values)
 
     def memory_stats(self) -> dict:
-        """Share of value rows accessed and KL of the weighted accesses from uniform since reset_memory_stats
-        (LRAM paper Table 5); when running distributed, over all processes, so every process must call it."""
-        usage = self.memory.usage
-        if usage is None:
+        """languini.memory_stats.MemoryStats.result() of the reads since reset_memory_stats (LRAM paper Table 5);
+        when running distributed, over all processes, so every process must call it."""
+        if self.memory.stats is None:
             raise ValueError("memory_stats() needs reset_memory_stats() and a forward pass first.")
-        if dist.is_available() and dist.is_initialized():
-            usage = _all_processes(usage, self.memory.values.device)
-        return usage.result()
-
-
-def _all_processes(usage: MemoryUsage, device: torch.device) -> MemoryUsage:
-    """The accesses of every process summed into one MemoryUsage (a process may have seen no tokens)."""
-    weighted_counts = torch.zeros(usage.num_rows, dtype=torch.float64, device=device)
-    accessed_counts = torch.zeros(usage.num_rows, dtype=torch.int32, device=device)
-    if usage.accessed is not None:
-        weighted_counts += usage.weighted_counts
-        accessed_counts += usage.accessed.int()
-    dist.all_reduce(weighted_counts)
-    dist.all_reduce(accessed_counts)
-    merged = MemoryUsage(usage.num_rows)
-    merged.weighted_counts, merged.accessed = weighted_counts, accessed_counts > 0
-    return merged
+        return self.memory.stats.all_processes(self.memory.values.device).result()

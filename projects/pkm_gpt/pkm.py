@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from projects.pkm_gpt.embedding_bag import VALUE_GRAD_VARIANTS, embedding_bag
-
-QUERY_NORMS = ("layernorm", "batchnorm", "none")
+from languini.memory_layers import check_value_grad, query_norm_layer
+from languini.memory_stats import MemoryStats
+from projects.pkm_gpt.ops.embedding_bag import embedding_bag
 
 
 @dataclass(frozen=True)
@@ -26,10 +26,10 @@ class PKMConfig:
     n_keys: int = 256  # number of values N = n_keys ** 2
     knn: int = 32
     v_dim: int | None = None  # None: the model width
-    # "batchnorm" (XLM's best for masked LM) lets later tokens of a training batch change earlier
-    # outputs; "layernorm" normalises each token's query on its own and is causal.
-    query_norm: str = "layernorm"
-    value_grad: str = "atomic"
+    # "batch" (XLM's best for masked LM) lets later tokens of a training batch change earlier
+    # outputs; "layer" normalises each token's query on its own and is causal.
+    query_norm: str = "layer"
+    value_grad: str = "atomic"  # Triton value-gradient reduction: atomic or segment
     sparse_values: bool = False  # value gradient as sparse rows read, for a lazy (SparseAdam) optimiser
 
 
@@ -71,20 +71,20 @@ class ProductKeyMemory(nn.Module):
 
     sparse_values: the gradient of `values` is a coalesced sparse COO tensor holding only the rows read
     (as nn.Embedding(sparse=True)), for a lazy optimiser such as torch.optim.SparseAdam; a graph break
-    under torch.compile. On the Triton path it is the "sorted" reduction, whatever value_grad says.
+    under torch.compile. On the Triton path it is the "segment" reduction, whatever value_grad says.
+
+    query_norm and value_grad: see languini.memory_layers. While `stats` holds a MemoryStats, every forward
+    records its reads (row indices and softmax weights) there.
     """
 
-    def __init__(self, d_model, heads=8, k_dim=64, n_keys=256, knn=32, v_dim=None, query_norm="layernorm",
+    def __init__(self, d_model, heads=8, k_dim=64, n_keys=256, knn=32, v_dim=None, query_norm="layer",
                  value_grad="atomic", use_triton=None, sparse_values=False):
         super().__init__()
         if k_dim % 2:
             raise ValueError(f"k_dim must be even (it is split into two halves), got {k_dim}")
         if not 1 <= knn <= n_keys:
             raise ValueError(f"knn must be in [1, n_keys={n_keys}], got {knn}")
-        if query_norm not in QUERY_NORMS:
-            raise ValueError(f"query_norm must be one of {QUERY_NORMS}, got {query_norm!r}")
-        if value_grad not in VALUE_GRAD_VARIANTS:
-            raise ValueError(f"value_grad must be one of {VALUE_GRAD_VARIANTS}, got {value_grad!r}")
+        check_value_grad(value_grad)
         self.heads, self.k_dim, self.n_keys, self.knn = heads, k_dim, n_keys, knn
         self.v_dim = d_model if v_dim is None else v_dim
         self.num_values = n_keys ** 2
@@ -92,16 +92,10 @@ class ProductKeyMemory(nn.Module):
 
         self.query_proj = nn.Linear(d_model, heads * k_dim)
         # Layer norm over all heads * k_dim features: the per-token counterpart of XLM's batch norm.
-        if query_norm == "layernorm":
-            self.query_norm = nn.LayerNorm(heads * k_dim)
-        elif query_norm == "batchnorm":
-            self.query_norm = nn.BatchNorm1d(heads * k_dim)
-        else:
-            self.query_norm = nn.Identity()
+        self.query_norm = query_norm_layer(query_norm, heads * k_dim)
         self.sub_keys = nn.Parameter(torch.empty(heads, 2, n_keys, k_dim // 2))
         self.values = nn.Parameter(torch.empty(self.num_values, self.v_dim))
-        # Set to a MemoryUsage to accumulate access statistics in forward (evaluation).
-        self.usage = None
+        self.stats: MemoryStats | None = None  # set (evaluation) to record the reads of every forward
         self.reset_memory_parameters()
 
     @classmethod
@@ -131,39 +125,11 @@ class ProductKeyMemory(nn.Module):
 
     def forward(self, x):
         indices, weights = self.lookup(x)
-        if self.usage is not None:
-            self.usage.update(indices.detach(), weights.detach())
+        if self.stats is not None:
+            self.stats.update(indices.detach(), weights.detach())
         out = embedding_bag(self.values, indices, weights, use_triton=self.use_triton, value_grad=self.value_grad,
                             sparse_values=self.sparse_values)
         return out.to(x.dtype).unflatten(0, x.shape[:-1])
-
-
-class MemoryUsage:
-    """Access statistics of a value table over an evaluation (LRAM paper Table 5, after XLM).
-
-    `result()` gives the share of rows accessed at least once and the KL divergence (in nats)
-    of the softmax-weighted access distribution from the uniform distribution over all rows.
-    """
-
-    def __init__(self, num_rows):
-        self.num_rows = num_rows
-        self.accessed = None  # [N] bool: row among some token's knn
-        self.weighted_counts = None  # [N] sum of the softmax weights the row received
-
-    def update(self, indices, weights):
-        if self.accessed is None:
-            self.accessed = torch.zeros(self.num_rows, dtype=torch.bool, device=indices.device)
-            self.weighted_counts = torch.zeros(self.num_rows, dtype=torch.float64, device=indices.device)
-        self.accessed[indices.flatten()] = True
-        self.weighted_counts.index_add_(0, indices.flatten(), weights.flatten().to(torch.float64))
-
-    def result(self):
-        if self.accessed is None:
-            raise ValueError("MemoryUsage.result() called before any update()")
-        p = self.weighted_counts / self.weighted_counts.sum()
-        # KL(p || uniform) = sum_i p_i log(p_i N), with 0 log 0 = 0.
-        kl = torch.where(p > 0, p * torch.log(p * self.num_rows), torch.zeros_like(p)).sum()
-        return {"memory_usage": self.accessed.double().mean().item(), "kl_from_uniform": kl.item()}
 
 
 def pkm_flops(tokens, d_model, heads=8, k_dim=64, n_keys=256, knn=32, v_dim=None):

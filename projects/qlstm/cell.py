@@ -11,7 +11,7 @@ six parameter counts of Table 8 to the printed digit; without it, medium, large 
 import torch
 from torch import nn
 
-from projects.qlstm.scan import linear_scan
+from projects.qlstm.ops.scan import linear_scan
 
 # added to the quasi cell's forget-gate pre-activation so f starts near sigmoid(1) = 0.73 (as in the Languini
 # reference code; its classic LSTM has none)
@@ -23,7 +23,7 @@ class QuasiLSTM(nn.Module):
     """Multi-head quasi-LSTM: gates from the input only, so the only sequential part is eq. 25.
 
     forward(x [B, T, d_model], state c [B, n_heads, d_head] or None for zeros) -> (y, new c).
-    impl and block_len pick the implementation of eq. 25 (see scan.linear_scan; None = Triton on
+    impl and block_len pick the implementation of eq. 25 (see ops.scan.linear_scan; None = Triton on
     CUDA, block-parallel on CPU).
     """
 

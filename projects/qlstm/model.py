@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from projects.qlstm.cell import MultiHeadLSTM, QuasiLSTM
 from projects.qlstm.configs import CELLS, ModelConfig
-from projects.qlstm.scan import IMPLS, scan_flops
+from projects.qlstm.ops.scan import IMPLS, scan_flops
 
 
 class MLP(nn.Module):
@@ -43,6 +43,8 @@ class Block(nn.Module):
 
 
 class Model(nn.Module):
+    stateful = True  # each layer's cell state is carried to the next batch of a stream (languini/model_contract.py)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         _check_config(cfg)

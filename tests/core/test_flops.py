@@ -4,7 +4,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from languini import flops
+from languini import flops, hardware
 
 
 class CausalAttentionLM(nn.Module):
@@ -57,7 +57,8 @@ def test_profiler_patches_are_undone_when_the_forward_fails():
 @pytest.mark.parametrize(
     "name, peak_name",
     [("NVIDIA GeForce RTX 3090", "RTX 3090"), ("NVIDIA GeForce RTX 4090", "RTX 4090"),
-     ("NVIDIA A100-SXM4-80GB", "A100"), ("NVIDIA A100 80GB PCIe", "A100"),
+     ("NVIDIA A100-SXM4-80GB", "A100 80GB"), ("NVIDIA A100 80GB PCIe", "A100 80GB"),
+     ("NVIDIA A100-PCIE-40GB", "A100 40GB"), ("NVIDIA A100", "A100"),
      ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H200", "H200"),
      ("Tesla V100-SXM2-32GB", "V100"), ("Tesla V100-PCIE-32GB", "V100 PCIe"), ("Tesla P100-PCIE-16GB", "P100 PCIe")],
 )
@@ -71,7 +72,8 @@ def test_device_peak_values_and_unknown_devices():
     assert flops.device_peak("NVIDIA H100 80GB HBM3").flops_per_second == 989.4e12
     assert flops.device_peak("cpu") is None
     assert flops.device_peak("NVIDIA GeForce RTX 3090 Ti") is None  # a different card, not an RTX 3090
-    assert all(peak.source.startswith("spec:") for peak in flops.PEAKS)
+    assert flops.device_peak("NVIDIA H100 NVL") is None  # neither the SXM card nor the PCIe one
+    assert all(spec.source.startswith("spec:") for spec in hardware.DEVICES)
 
 
 def test_mfu_is_three_forward_passes_per_token():

@@ -63,8 +63,8 @@ def test_lram_kernels_meet_the_compiler_level_goals(tmp_path):
                             env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = list(csv.DictReader(table.open()))
-    reads = [r for r in rows if r["kernel"] == "_forward_kernel" and "READ=True" in r["constants"]]
-    backwards = [r for r in rows if r["kernel"] == "_backward_kernel"]
+    reads = [r for r in rows if r["kernel"] == "lram_lookup_fwd_kernel" and "READ=True" in r["constants"]]
+    backwards = [r for r in rows if r["kernel"] == "lram_lookup_bwd_kernel"]
     assert {r["values"] for r in reads} == {"fp32", "bf16"} and backwards
     for row in reads:
         assert int(row["warp_instr_per_lookup"]) <= 1500, row

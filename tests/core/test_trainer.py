@@ -67,7 +67,7 @@ def test_trainer_follows_the_schedule_it_is_given(default_corpus_root, tmp_path,
     tcfg = TrainConfig(batch_size=2, lr_schedule=schedule)
     trainer = Trainer(project="gpt", config_name="cpu", model_cfg=cfg, model_cls=Model, tcfg=tcfg,
                       dataset=BooksDataset(default_corpus_root, 2048), bytes_per_token=torch.ones(2048),
-                      run_dir=tmp_path, total_steps=1000, tokens_per_second=1.0, reference_hardware="cpu")
+                      run_dir=tmp_path, total_steps=1000, tokens_per_second=1.0)
     for _ in range(step):
         trainer.schedulers[0].step()
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(6e-4 * factor)
@@ -123,14 +123,101 @@ def test_sparse_group_updates_only_rows_read(default_corpus_root, tmp_path):
     cfg = configs.get("cpu", d_model=16, n_layers=1, n_heads=2, d_head=8, seq_len=8)
     trainer = Trainer(project="gpt", config_name="cpu", model_cfg=cfg, model_cls=SparseEmbeddingGPT,
                       tcfg=TrainConfig(batch_size=2), dataset=BooksDataset(default_corpus_root, 2048),
-                      bytes_per_token=torch.ones(2048), run_dir=tmp_path, total_steps=1, tokens_per_second=1.0,
-                      reference_hardware="cpu")
+                      bytes_per_token=torch.ones(2048), run_dir=tmp_path, total_steps=1, tokens_per_second=1.0)
     assert isinstance(trainer.optimizers[1], torch.optim.SparseAdam)
     before = trainer.model.tok_emb.weight.detach().clone()
     x, y = trainer.batches(0)
     trainer.train_step(x, y)
     changed = (trainer.model.tok_emb.weight.detach() != before).any(dim=1)
     assert set(changed.nonzero().flatten().tolist()) == set(x.unique().tolist())
+
+
+class HebbianRecorder(Model):
+    """Records what its after-step hook receives, and the parameters it sees then."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.calls = []
+
+    def after_step(self, hidden, targets):
+        self.calls.append({"hidden": hidden, "targets": targets, "head": self.head.weight.detach().clone(),
+                           "grad_enabled": torch.is_grad_enabled()})
+
+
+def test_after_step_hook_gets_the_steps_hidden_states_and_targets_after_the_update(default_corpus_root, tmp_path):
+    cfg = configs.get("cpu", d_model=16, n_layers=1, n_heads=2, d_head=8, seq_len=8)
+    trainer = Trainer(project="gpt", config_name="cpu", model_cfg=cfg, model_cls=HebbianRecorder,
+                      tcfg=TrainConfig(batch_size=4, micro_batches=2), dataset=BooksDataset(default_corpus_root, 2048),
+                      bytes_per_token=torch.ones(2048), run_dir=tmp_path, total_steps=3, tokens_per_second=1.0)
+    model = trainer.model
+    for step in range(3):
+        x, y = trainer.batches(step)
+        head_before = model.head.weight.detach().clone()
+        # by hand, with the parameters before the step: the input of the output layer for both micro-batches
+        with torch.no_grad():
+            h = torch.cat([model.tok_emb(xm) * 4 + model.pos_emb(torch.arange(8)) for xm in x])  # sqrt(16) = 4
+            for block in model.blocks:
+                h = block(h)
+            hidden = model.ln_f(h)
+        trainer.train_step(x, y)
+        assert len(model.calls) == step + 1  # once per optimiser step, whatever the micro-batches
+        call = model.calls[-1]
+        torch.testing.assert_close(call["hidden"], hidden, rtol=1e-5, atol=1e-5)  # fp32, sums over 16 terms
+        assert torch.equal(call["targets"], torch.cat(list(y)))  # the targets of the same tokens, in order
+        assert not torch.equal(call["head"], head_before)  # the step had updated the parameters
+        assert torch.equal(call["head"], model.head.weight) and not call["grad_enabled"]
+    assert x.shape == (2, 2, 8) and call["hidden"].shape == (4, 8, 16)
+
+
+def test_a_model_without_after_step_records_nothing(default_corpus_root, tmp_path):
+    cfg = configs.get("cpu", d_model=16, n_layers=1, n_heads=2, d_head=8, seq_len=8)
+    trainer = Trainer(project="gpt", config_name="cpu", model_cfg=cfg, model_cls=Model, tcfg=TrainConfig(batch_size=2),
+                      dataset=BooksDataset(default_corpus_root, 2048), bytes_per_token=torch.ones(2048),
+                      run_dir=tmp_path, total_steps=1, tokens_per_second=1.0)
+    assert trainer.step_hidden is None and not trainer.model.head._forward_hooks
+
+
+class CountingTrainer(Trainer):
+    """A project's own training step: here it records the batches it is given, then trains as usual."""
+
+    instances = []
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.seen = []
+        CountingTrainer.instances.append(self)
+
+    def train_step(self, x, y):
+        self.seen.append(tuple(x.shape))
+        return super().train_step(x, y)
+
+
+def test_a_project_trains_with_its_own_trainer_subclass(default_corpus_root, tmp_path, monkeypatch):
+    monkeypatch.setattr(CountingTrainer, "instances", [])
+    args = TINY + ["--data_root", str(default_corpus_root), "--max_steps", "3", "--micro_batches", "2",
+                   "--out_dir", str(tmp_path), "--run_name", "r"]
+    assert main("gpt", configs, Model, args, trainer_cls=CountingTrainer)["steps"] == 3
+    [trainer] = CountingTrainer.instances
+    assert trainer.seen == [(2, 2, 32)] * 3  # micro-batches x sequences x tokens, once per step
+
+
+class Undeclared(torch.nn.Module):
+    """A model that does not say whether it carries a state."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.emb = torch.nn.Embedding(cfg.vocab_size, cfg.vocab_size)
+
+    def forward(self, x, state=None):
+        return self.emb(x), None
+
+
+def test_a_model_without_stateful_fails_naming_the_contract(default_corpus_root, tmp_path):
+    args = TINY + ["--data_root", str(default_corpus_root), "--max_steps", "1", "--out_dir", str(tmp_path)]
+    with pytest.raises(SystemExit, match="Undeclared must declare the class attribute `stateful = True`.*"
+                                         "languini/model_contract.py"):
+        main("gpt", configs, Undeclared, args)
+    assert list(tmp_path.iterdir()) == []
 
 
 class NanAfter3(Model):

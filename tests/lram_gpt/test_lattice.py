@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from projects.lram_gpt import lattice as L
+from projects.lram_gpt.ops.lookup import naive
 
 PAPER_MIN_TOTAL_WEIGHT = (22158 - 625 * math.sqrt(5)) / 24389  # section 2.5, ~0.851
 
@@ -127,10 +128,10 @@ def test_exactly_232_lattice_points_near_the_fundamental_region():
 @pytest.mark.parametrize("K", [(8,) * 8, (12, 8, 16, 8, 8, 20, 8, 16)])
 def test_lookup_matches_brute_force(K):
     q = 50 * torch.rand(25, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64) - 25
-    index, weight = L.lookup(q, K)
+    index, weight = naive.lookup(q, K)
     assert index.shape == weight.shape == (25, 32)
     assert (weight[:, 1:] <= weight[:, :-1]).all()
-    every_point = L.neighbours(q, 232)
+    every_point = naive.neighbours(q, 232)
     for row in range(q.shape[0]):
         points, brute_weight = brute_force_neighbours(q[row])
         support = {tuple(p) for p in points.long().tolist()}
@@ -144,7 +145,7 @@ def test_lookup_matches_brute_force(K):
 
 def test_support_size_and_total_weight_over_uniform_queries():
     q = uniform_queries(20000, seed=5)
-    _, weight = L.lookup(q, (8,) * 8, topk=232)
+    _, weight = naive.lookup(q, (8,) * 8, topk=232)
     in_support = (weight > 0).sum(-1).double()
     # Table 1: 64.94 points on average (Monte Carlo s.e. here ~0.033), at least 45, at most 121
     assert in_support.mean().item() == pytest.approx(64.94, abs=0.15)
@@ -160,7 +161,7 @@ def test_support_size_and_total_weight_over_uniform_queries():
 def test_minimum_total_weight_is_the_papers_closed_form():
     # the minimum sits on the diagonal (a, ..., a); golden-section search over a in [0, 1/2]
     def total(a):
-        return L.lookup(torch.full((1, 8), a, dtype=torch.float64), (8,) * 8, topk=232)[1].sum().item()
+        return naive.lookup(torch.full((1, 8), a, dtype=torch.float64), (8,) * 8, topk=232)[1].sum().item()
 
     lo, hi = 0.0, 0.5
     ratio = (math.sqrt(5) - 1) / 2
@@ -172,7 +173,7 @@ def test_minimum_total_weight_is_the_papers_closed_form():
 
 def test_total_weight_is_one_at_lattice_points_and_deep_holes():
     centers = random_lattice_points(50, seed=6).double()
-    at_points_index, at_points = L.lookup(centers, (8,) * 8)
+    at_points_index, at_points = naive.lookup(centers, (8,) * 8)
     assert torch.equal(at_points[:, 0], torch.ones(50, dtype=torch.float64))
     assert (at_points[:, 1:] == 0).all()
     assert torch.equal(at_points_index[:, 0], L.memory_index(centers.long(), (8,) * 8))
@@ -182,7 +183,7 @@ def test_total_weight_is_one_at_lattice_points_and_deep_holes():
         moves = torch.stack([torch.randperm(8, generator=g) for _ in range(50)])
         signs = torch.where(torch.rand(50, 8, generator=g) < 0.5, -1.0, 1.0).double()
         q = centers + signs * torch.tensor(hole, dtype=torch.float64)[moves]
-        _, weight = L.lookup(q, (8,) * 8, topk=232)
+        _, weight = naive.lookup(q, (8,) * 8, topk=232)
         assert torch.allclose(weight.sum(-1), torch.ones(50, dtype=torch.float64), atol=1e-12, rtol=0)
         assert ((((q - L.nearest_point(q)) ** 2).sum(-1) - 4).abs() < 1e-12).all()
 
@@ -192,22 +193,22 @@ def test_interpolation_returns_the_value_at_every_lattice_point():
     values = torch.randn(L.memory_size(K), 5, dtype=torch.float64)
     grid = torch.cartesian_prod(*[torch.arange(k) for k in (8, 8, 4, 4, 4, 4, 4, 4)])  # a slab of the torus
     points = grid[L.is_lattice_point(grid)][::7]
-    read = L.interpolate(points.double(), values, K)
+    read = naive.interpolate(points.double(), values, K)
     assert torch.allclose(read, values[L.memory_index(points, K)], atol=1e-15, rtol=0)
 
 
 def test_weights_are_differentiable_in_the_query():
     q = uniform_queries(6, seed=8).requires_grad_()
-    assert torch.autograd.gradcheck(lambda x: L.lookup(x, (8,) * 8)[1], (q,))
+    assert torch.autograd.gradcheck(lambda x: naive.lookup(x, (8,) * 8)[1], (q,))
 
 
 def test_bad_input_raises():
     with pytest.raises(ValueError):
-        L.lookup(torch.zeros(3, 7), (8,) * 8)
+        naive.lookup(torch.zeros(3, 7), (8,) * 8)
     with pytest.raises(ValueError):
-        L.lookup(torch.zeros(3, 8), (8,) * 8, topk=233)
+        naive.lookup(torch.zeros(3, 8), (8,) * 8, topk=233)
     with pytest.raises(ValueError):
-        L.interpolate(torch.zeros(3, 8), torch.zeros(10, 4), (8,) * 8)
+        naive.interpolate(torch.zeros(3, 8), torch.zeros(10, 4), (8,) * 8)
 
 
 def test_distance_to_fundamental_region_on_hand_computed_points():

@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from projects.lram_gpt import lattice as L
-from projects.lram_gpt.memory import LRAMBlock, MemoryAccessStats, theta, torus_query
+from projects.lram_gpt.memory import LRAMBlock, theta
+from projects.lram_gpt.ops.lookup import naive
+from projects.lram_gpt.ops.lookup.naive import torus_query
 
 SMALL = (4,) * 8
 
@@ -119,7 +121,7 @@ def test_block_triton_path_matches_reference(device):
 
 
 def test_cpu_tensors_take_the_reference_path_unless_forced(monkeypatch):
-    from projects.lram_gpt import lookup_triton
+    from projects.lram_gpt.ops.lookup import triton as lookup_triton
 
     calls = []
     monkeypatch.setattr(lookup_triton, "theta_triton",
@@ -154,25 +156,11 @@ def test_block_rejects_bad_configuration():
         LRAMBlock(32, memory_size=256, query_norm="rms")
 
 
-# --- access statistics -------------------------------------------------------------------------------
-
-def test_access_statistics_by_hand():
-    stats = MemoryAccessStats(4)
-    stats.update(torch.tensor([[0, 1], [1, 1]]), torch.tensor([[0.5, 0.5], [0.25, 0.75]]))
-    result = stats.result()
-    # weight per location (0.5, 1.5, 0, 0): half the locations used, p = (1/4, 3/4, 0, 0)
-    assert result["memory_usage"] == 0.5
-    assert result["kl_from_uniform"] == pytest.approx(0.25 * math.log(1.0) + 0.75 * math.log(3.0))
-    uniform = MemoryAccessStats(3)
-    uniform.update(torch.tensor([0, 1, 2]), torch.ones(3))
-    assert uniform.result() == {"memory_usage": 1.0, "kl_from_uniform": 0.0}
-    with pytest.raises(ValueError):
-        MemoryAccessStats(3).result()
-
-
 # --- row-sparse value gradients ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("K, dtype", [(SMALL, torch.float64), ((8,) * 8, torch.float32), (SMALL, torch.bfloat16)])
+@pytest.mark.parametrize("K, dtype", [pytest.param(SMALL, torch.float64, id="K4-fp64"),
+                                      pytest.param((8,) * 8, torch.float32, id="K8-fp32"),
+                                      pytest.param(SMALL, torch.bfloat16, id="K4-bf16")])
 def test_sparse_value_gradient_is_the_dense_one_on_the_rows_read(K, dtype):
     g = torch.Generator().manual_seed(6)
     z = torch.randn(3, 5, 2, 16, generator=g, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
@@ -194,7 +182,7 @@ def test_sparse_value_gradient_is_the_dense_one_on_the_rows_read(K, dtype):
     # coalesced: one row per memory location read, each location once
     rows = grad_v_s._indices()[0]
     _, q = torus_query(z, K)
-    read = L.lookup(q, K)[0].unique()
+    read = naive.lookup(q, K)[0].unique()
     assert torch.equal(rows.sort().values, read) and rows.unique().numel() == rows.numel()
 
 

@@ -5,12 +5,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from projects.pkm_gpt.embedding_bag import embedding_bag, embedding_bag_reference, embedding_bag_triton
+from projects.pkm_gpt.ops.embedding_bag import embedding_bag, embedding_bag_reference
+from projects.pkm_gpt.ops.embedding_bag.triton import embedding_bag_triton
 
 IMPLEMENTATIONS = {
     "reference": embedding_bag_reference,
     "triton-atomic": lambda v, i, w: embedding_bag_triton(v, i, w, value_grad="atomic"),
-    "triton-sorted": lambda v, i, w: embedding_bag_triton(v, i, w, value_grad="sorted"),
+    "triton-segment": lambda v, i, w: embedding_bag_triton(v, i, w, value_grad="segment"),
 }
 SPARSE_IMPLEMENTATIONS = {
     "reference": lambda v, i, w: embedding_bag_reference(v, i, w, sparse_values=True),
@@ -19,10 +20,13 @@ SPARSE_IMPLEMENTATIONS = {
 
 # (table rows N, bags R, bag size k, v_dim): odd sizes; few rows so indices repeat within and across bags;
 # k and v_dim above the kernels' block sizes (32, 128); one row hit by every entry (a long segment).
-SHAPES = [(11, 37, 7, 19), (300, 5, 33, 130), (1, 3, 40, 5), (64, 1, 1, 1)]
+SHAPES = [pytest.param((11, 37, 7, 19), id="N11-R37-k7-v19"), pytest.param((300, 5, 33, 130), id="N300-R5-k33-v130"),
+          pytest.param((1, 3, 40, 5), id="N1-R3-k40-v5"), pytest.param((64, 1, 1, 1), id="N64-R1-k1-v1")]
 
 # (values dtype, weights dtype): fp32; bf16 table with fp32 softmax weights (the PKM case); all bf16.
-DTYPES = [(torch.float32, torch.float32), (torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16)]
+DTYPES = [pytest.param(torch.float32, torch.float32, id="fp32"),
+          pytest.param(torch.bfloat16, torch.float32, id="bf16-values"),
+          pytest.param(torch.bfloat16, torch.bfloat16, id="bf16")]
 
 
 def random_inputs(num_rows, num_bags, bag_size, v_dim, values_dtype, weights_dtype, seed):
@@ -92,7 +96,7 @@ def test_sparse_value_gradient_is_the_dense_one_on_the_rows_read(name, values_dt
     torch.testing.assert_close(grad_weights, expected_grad_weights.to(device, weights_dtype))
 
 
-@pytest.mark.parametrize("name", ["triton-atomic", "triton-sorted"])
+@pytest.mark.parametrize("name", ["triton-atomic", "triton-segment"])
 @pytest.mark.parametrize("values_dtype,weights_dtype", DTYPES)
 def test_triton_matches_reference(name, values_dtype, weights_dtype, device):
     inputs = on(device, *random_inputs(23, 29, 13, 41, values_dtype, weights_dtype, seed=5))
@@ -102,7 +106,7 @@ def test_triton_matches_reference(name, values_dtype, weights_dtype, device):
         torch.testing.assert_close(a, e)
 
 
-@pytest.mark.parametrize("value_grad", ["atomic", "sorted"])
+@pytest.mark.parametrize("value_grad", ["atomic", "segment"])
 def test_untouched_rows_get_zero_gradient(value_grad, device):
     values, _, weights, grad_out = random_inputs(50, 9, 5, 17, torch.float32, torch.float32, seed=3)
     indices = torch.randint(10, 20, (9, 5))  # rows outside [10, 20) are never read
@@ -156,7 +160,7 @@ def test_bad_input_raises_value_error(bad):
         embedding_bag_triton(values, indices, weights, **kwargs)
 
 
-@pytest.mark.parametrize("value_grad", ["atomic", "sorted"])
+@pytest.mark.parametrize("value_grad", ["atomic", "segment"])
 def test_compiles_without_graph_break(value_grad, device):
     values, indices, weights, grad_out = on(device, *random_inputs(13, 6, 5, 7, torch.float32, torch.float32, seed=4))
 

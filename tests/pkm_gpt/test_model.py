@@ -1,5 +1,6 @@
-"""The GPT with a product-key memory: contract, causality, parameter count, learning rates, FLOPs, memory stats,
-one end-to-end run of the trainer, and a trainer step with row-sparse values."""
+"""The GPT with a product-key memory: causality with each query norm, parameter count, learning rates, FLOPs,
+memory stats, one end-to-end run of the trainer, and a trainer step with row-sparse values (the model contract
+is tests/core/test_contract.py's)."""
 
 import json
 import math
@@ -9,10 +10,11 @@ import torch
 
 from languini import experiment, flops
 from languini.books import BooksDataset
+from languini.memory_stats import MemoryStats
 from languini.trainer import TrainConfig, Trainer
 from projects.pkm_gpt import configs
 from projects.pkm_gpt.model import MLP, Model
-from projects.pkm_gpt.pkm import MemoryUsage, ProductKeyMemory
+from projects.pkm_gpt.pkm import ProductKeyMemory
 
 # 3 blocks, 4 x 4 = 16 values of width 24, so that every test builds the model in milliseconds.
 TINY = dict(vocab_size=50, seq_len=16, d_model=24, n_layers=3, n_heads=2, d_head=8, mlp_ratio=2,
@@ -42,10 +44,8 @@ def pkm_parameters(d, heads, k_dim, n_keys):
     return d * heads * k_dim + heads * k_dim + 2 * heads * k_dim + heads * 2 * n_keys * (k_dim // 2) + n_keys ** 2 * d
 
 
-def test_forward_shapes_and_no_state():
+def test_sequence_longer_than_position_table_is_explained():
     model = tiny_model()
-    logits, state = model(torch.randint(50, (3, 11)))
-    assert logits.shape == (3, 11, 50) and state is None
     with pytest.raises(ValueError, match="seq_len"):
         model(torch.randint(50, (1, 17)))
 
@@ -65,10 +65,10 @@ def test_default_memory_layer(n_layers, expected):
     assert tiny_model(n_layers=n_layers).memory_layer == expected
 
 
-@pytest.mark.parametrize("query_norm,causal", [("layernorm", True), ("batchnorm", False)])
+@pytest.mark.parametrize("query_norm,causal", [("layer", True), ("batch", False)])
 def test_model_is_causal_with_the_default_query_norm(query_norm, causal):
-    assert configs.ModelConfig().pkm_query_norm == "layernorm"
-    model = tiny_model(pkm_query_norm=query_norm).train()
+    assert configs.ModelConfig().memory_query_norm == "layer"
+    model = tiny_model(memory_query_norm=query_norm).train()
     x = torch.randint(50, (2, 12))
     changed = x.clone()
     changed[:, 7:] = (x[:, 7:] + 1 + torch.randint(48, (2, 5))) % 50  # every later token differs
@@ -152,7 +152,7 @@ def test_flops_on_the_meta_device_match_cpu():
 
 def test_memory_stats_after_a_forward():
     model = tiny_model().eval()
-    assert model.memory.usage is None  # nothing is collected during training
+    assert model.memory.stats is None  # nothing is collected during training
     with pytest.raises(ValueError, match="reset_memory_stats"):
         model.memory_stats()
     memory_inputs = []
@@ -193,17 +193,16 @@ def test_sparse_values_trainer_step_moves_only_the_rows_read(default_corpus_root
     torch.manual_seed(0)
     trainer = Trainer(project="pkm_gpt", config_name="cpu", model_cfg=cfg, model_cls=Model,
                       tcfg=TrainConfig(batch_size=2, micro_batches=2), dataset=BooksDataset(default_corpus_root, 2048),
-                      bytes_per_token=torch.ones(2048), run_dir=tmp_path, total_steps=1, tokens_per_second=1.0,
-                      reference_hardware="cpu")
+                      bytes_per_token=torch.ones(2048), run_dir=tmp_path, total_steps=1, tokens_per_second=1.0)
     assert [type(opt) for opt in trainer.optimizers] == [torch.optim.Adam, torch.optim.SparseAdam]
     memory = trainer.model.memory
-    memory.usage = MemoryUsage(memory.num_values)  # records the rows every forward reads
+    memory.stats = MemoryStats(memory.num_values)  # records the rows every forward reads
     before = memory.values.detach().clone()
     x, y = trainer.batches(0)
     assert math.isfinite(trainer.train_step(x, y))
     assert memory.values.grad.layout == torch.sparse_coo
     moved = (memory.values.detach() != before).any(dim=1)
-    assert torch.equal(moved, memory.usage.accessed) and 0 < moved.sum() < memory.num_values
+    assert torch.equal(moved, memory.stats.weight > 0) and 0 < moved.sum() < memory.num_values
 
 
 def test_memory_stats_when_distributed(tmp_path):

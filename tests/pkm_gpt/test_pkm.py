@@ -1,19 +1,18 @@
 """Product-key memory layer: exact top-k, causality, shapes, sparse value gradients, statistics, FLOPs."""
 
-import math
-
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from projects.pkm_gpt.pkm import (LRAM_PAPER_PKM, XLM_PKM, MemoryUsage, PKMConfig, ProductKeyMemory, pkm_flops,
+from languini.memory_stats import MemoryStats
+from projects.pkm_gpt.pkm import (LRAM_PAPER_PKM, XLM_PKM, PKMConfig, ProductKeyMemory, pkm_flops,
                                   product_key_topk)
 
 # A tiny layer: d_model 12, 3 heads, k_dim 6, 7^2 = 49 values of v_dim 10, knn 4.
 TINY = dict(heads=3, k_dim=6, n_keys=7, knn=4, v_dim=10)
 PATHS = {"reference": dict(use_triton=False),
          "triton-atomic": dict(use_triton=True, value_grad="atomic"),
-         "triton-sorted": dict(use_triton=True, value_grad="sorted")}
+         "triton-segment": dict(use_triton=True, value_grad="segment")}
 
 
 def tiny_layer(seed=0, **overrides):
@@ -37,7 +36,7 @@ def test_product_key_topk_equals_exhaustive_topk(heads, n_keys, k_dim, knn):
     torch.testing.assert_close(scores, expected_scores)
 
 
-@pytest.mark.parametrize("query_norm", ["layernorm", "none"])
+@pytest.mark.parametrize("query_norm", ["layer", "none"])
 def test_query_norm_is_causal(query_norm):
     layer = tiny_layer(query_norm=query_norm, use_triton=False).train()
     x = torch.randn(2, 9, 12)
@@ -49,7 +48,7 @@ def test_query_norm_is_causal(query_norm):
 
 def test_batchnorm_in_training_is_not_causal():
     # The causality test above can fail: batch statistics carry later tokens into earlier outputs.
-    layer = tiny_layer(query_norm="batchnorm", use_triton=False).train()
+    layer = tiny_layer(query_norm="batch", use_triton=False).train()
     x = torch.randn(2, 9, 12)
     changed = x.clone()
     changed[:, 5:] = torch.randn(2, 4, 12)
@@ -80,7 +79,7 @@ def test_value_gradient_only_on_touched_rows(path, device):
     assert torch.equal(layer.values.grad.abs().sum(dim=1) > 0, touched)
 
 
-@pytest.mark.parametrize("path", ["triton-atomic", "triton-sorted"])
+@pytest.mark.parametrize("path", ["triton-atomic", "triton-segment"])
 def test_triton_layer_matches_reference_layer(path, device):
     x = torch.randn(2, 7, 12).to(device)
     grad_out = torch.randn(2, 7, 10).to(device)
@@ -117,7 +116,7 @@ def test_sparse_values_layer_matches_dense_layer(path, device):
         torch.testing.assert_close(grads[name], expected_grads[name], msg=name)
 
 
-@pytest.mark.parametrize("path", ["reference", "triton-sorted"])
+@pytest.mark.parametrize("path", ["reference", "triton-segment"])
 def test_sparse_adam_moves_only_the_rows_read_in_its_step(path, device):
     # Two steps on different tokens. Rows read only in the first keep Adam momentum, so dense Adam moves them in
     # the second step too (showing that the check can fail); SparseAdam moves only the second step's rows.
@@ -144,29 +143,16 @@ def test_value_parameters_are_the_table_only():
     assert layer.values.shape == (49, 10)
 
 
-def test_memory_usage_by_hand():
-    usage = MemoryUsage(4)
-    usage.update(torch.tensor([[0, 0, 1]]), torch.tensor([[0.5, 0.25, 0.25]]))
-    # weighted accesses p = (0.75, 0.25, 0, 0); KL = 0.75 ln(0.75 * 4) + 0.25 ln(0.25 * 4) = 0.75 ln 3
-    result = usage.result()
-    assert result["memory_usage"] == 0.5
-    assert result["kl_from_uniform"] == pytest.approx(0.75 * math.log(3))
-
-    uniform = MemoryUsage(3)
-    uniform.update(torch.tensor([[0, 1], [2, 0]]), torch.tensor([[0.5, 0.5], [0.5, 0.0]]))
-    assert uniform.result() == pytest.approx({"memory_usage": 1.0, "kl_from_uniform": 0.0})
-
-
 def test_memory_usage_collected_in_forward():
     layer = tiny_layer(use_triton=False).eval()
     x = torch.randn(2, 5, 12)
-    layer.usage = MemoryUsage(layer.num_values)
+    layer.stats = MemoryStats(layer.num_values)
     with torch.no_grad():
         layer(x)
         layer(x)
     indices, _ = layer.lookup(x)
-    assert layer.usage.result()["memory_usage"] == indices.unique().numel() / layer.num_values
-    assert layer.usage.weighted_counts.sum().item() == pytest.approx(2 * 2 * 5 * TINY["heads"])
+    assert layer.stats.result()["memory_usage"] == indices.unique().numel() / layer.num_values
+    assert layer.stats.weight.sum().item() == pytest.approx(2 * 2 * 5 * TINY["heads"])
 
 
 def test_flops_match_profiler_and_hand_count():

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from projects.qlstm.scan import linear_scan, scan_flops
+from projects.qlstm.ops.scan import linear_scan, scan_flops
 
 IMPLS = ["loop", "block", "triton"]
 
@@ -71,13 +71,19 @@ def test_hand_computed_example(impl, device):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("shape", [(2, 37, 3, 5), (1, 70, 2, 8), (3, 9, 1, 24), (1, 33, 2, 35)])
+@pytest.mark.parametrize("shape", [
+    pytest.param((2, 37, 3, 5), id="B2-T37-H3-D5"),
+    pytest.param((1, 70, 2, 8), id="B1-T70-H2-D8"),
+    pytest.param((3, 9, 1, 24), id="B3-T9-H1-D24"),
+    pytest.param((1, 33, 2, 35), id="B1-T33-H2-D35"),
+])
 def test_matches_float64_reference_fp32(impl, shape, device):
     assert_matches_float64_reference(impl, shape, torch.float32, block_len=16, seed=sum(shape), device=device)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("shape", [(2, 37, 3, 5), (1, 45, 1, 12)])
+@pytest.mark.parametrize("shape", [pytest.param((2, 37, 3, 5), id="B2-T37-H3-D5"),
+                                   pytest.param((1, 45, 1, 12), id="B1-T45-H1-D12")])
 def test_matches_float64_reference_bf16(impl, shape, device):
     assert_matches_float64_reference(impl, shape, torch.bfloat16, block_len=8, seed=sum(shape), device=device)
 
@@ -148,12 +154,16 @@ def test_triton_under_torch_compile(device):
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: linear_scan(torch.rand(2, 5, 3), torch.rand(2, 5, 3)), "batch, time, heads, head_dim"),
-    (lambda: linear_scan(torch.rand(2, 5, 1, 3), torch.rand(2, 5, 1, 3), torch.zeros(2, 3)), "c0 must be"),
-    (lambda: linear_scan(torch.rand(1, 5, 1, 3), torch.rand(1, 5, 1, 3), impl="cuda"), "impl must be"),
-    (lambda: linear_scan(torch.rand(1, 5, 1, 3), torch.rand(1, 5, 1, 3), impl="block", block_len=0), "block_len"),
-    (lambda: linear_scan(torch.rand(1, 5, 1, 3).double(), torch.rand(1, 5, 1, 3).double(), impl="triton"),
-     "impl='loop' or 'block'"),
+    pytest.param(lambda: linear_scan(torch.rand(2, 5, 3), torch.rand(2, 5, 3)), "batch, time, heads, head_dim",
+                 id="3d-inputs"),
+    pytest.param(lambda: linear_scan(torch.rand(2, 5, 1, 3), torch.rand(2, 5, 1, 3), torch.zeros(2, 3)), "c0 must be",
+                 id="c0-shape"),
+    pytest.param(lambda: linear_scan(torch.rand(1, 5, 1, 3), torch.rand(1, 5, 1, 3), impl="cuda"), "impl must be",
+                 id="unknown-impl"),
+    pytest.param(lambda: linear_scan(torch.rand(1, 5, 1, 3), torch.rand(1, 5, 1, 3), impl="block", block_len=0),
+                 "block_len", id="block-len-0"),
+    pytest.param(lambda: linear_scan(torch.rand(1, 5, 1, 3).double(), torch.rand(1, 5, 1, 3).double(), impl="triton"),
+                 "impl='loop' or 'block'", id="triton-float64"),
 ])
 def test_bad_input_raises_clear_error(call, message):
     with pytest.raises(ValueError, match=message):

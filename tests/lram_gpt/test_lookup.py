@@ -1,11 +1,12 @@
-"""The Triton lattice read against the PyTorch reference (lattice.interpolate), both on the test device
+"""The Triton lattice read against the PyTorch reference (ops/lookup/naive.py), both on the test device
 (under the interpreter on CPU)."""
 import pytest
 import torch
 
 from projects.lram_gpt import lattice as L
-from projects.lram_gpt.lookup_triton import interpolate_triton, lookup_triton, theta_triton, threshold_probes
 from projects.lram_gpt.memory import theta
+from projects.lram_gpt.ops.lookup import naive
+from projects.lram_gpt.ops.lookup.triton import interpolate_triton, lookup_triton, theta_triton, threshold_probes
 
 SMALL = (4,) * 8  # 256 locations; K_i = 4 also makes one location appear twice in some queries' support
 ODD = (12, 8, 4, 8, 16, 4, 8, 4)  # 3 * 2^10 locations, not a power of two
@@ -29,7 +30,7 @@ def reference_and_triton(q, values, K, value_grad, device, topk=32):
     q, values = q.to(device), values.to(device)
     q_ref = q.clone().requires_grad_()
     v_ref = values.float().clone().requires_grad_()  # fp32 copy of the (maybe bf16) values: the exact target
-    out_ref = L.interpolate(q_ref, v_ref, K, topk)
+    out_ref = naive.interpolate(q_ref, v_ref, K, topk)
     grad_out = torch.randn(out_ref.shape, generator=torch.Generator().manual_seed(0)).to(device)
     out_ref.backward(grad_out)
 
@@ -44,12 +45,12 @@ def reference_and_triton(q, values, K, value_grad, device, topk=32):
 @pytest.mark.parametrize(
     "K, n_rows, dtype, value_grad",
     [
-        (SMALL, 37, torch.float32, "atomic"),
-        (SMALL, 19, torch.bfloat16, "atomic"),
-        (SMALL, 21, torch.float32, "segment"),
-        (SMALL, 13, torch.bfloat16, "segment"),
-        (ODD, 23, torch.float32, "atomic"),
-        ((8,) * 8, 17, torch.bfloat16, "atomic"),
+        pytest.param(SMALL, 37, torch.float32, "atomic", id="K4-n37-fp32-atomic"),
+        pytest.param(SMALL, 19, torch.bfloat16, "atomic", id="K4-n19-bf16-atomic"),
+        pytest.param(SMALL, 21, torch.float32, "segment", id="K4-n21-fp32-segment"),
+        pytest.param(SMALL, 13, torch.bfloat16, "segment", id="K4-n13-bf16-segment"),
+        pytest.param(ODD, 23, torch.float32, "atomic", id="odd-n23-fp32-atomic"),
+        pytest.param((8,) * 8, 17, torch.bfloat16, "atomic", id="K8-n17-bf16-atomic"),
     ],
 )
 def test_interpolate_matches_reference(K, n_rows, dtype, value_grad, device):
@@ -76,11 +77,11 @@ def test_value_dim_that_is_not_a_power_of_two_and_small_topk(device):
     torch.testing.assert_close(gv_tri, gv_ref, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("K", [SMALL, ODD])
+@pytest.mark.parametrize("K", [pytest.param(SMALL, id="K4"), pytest.param(ODD, id="odd")])
 def test_lookup_matches_reference(K, device):
     q = random_queries(29, K, seed=4).to(device)
     index, weight = lookup_triton(q, K)
-    index_ref, weight_ref = L.lookup(q, K)
+    index_ref, weight_ref = naive.lookup(q, K)
     assert index.dtype == torch.int64 and index.shape == (29, 32)
     assert (weight[:, 1:] <= weight[:, :-1]).all()
     torch.testing.assert_close(weight, weight_ref, atol=1e-6, rtol=1e-6)
@@ -110,7 +111,7 @@ def test_triton_path_under_torch_compile(device):
     values = torch.randn(L.memory_size(K), 64, generator=torch.Generator().manual_seed(7)).to(device).requires_grad_()
     compiled = torch.compile(lambda q, v: (interpolate_triton(q, v, K) * 2).sum(), backend="eager", fullgraph=False)
     compiled(q, values).backward()
-    expected = L.interpolate(q.detach(), values.detach(), K) * 2
+    expected = naive.interpolate(q.detach(), values.detach(), K) * 2
     assert torch.allclose(compiled(q, values), expected.sum(), atol=1e-4)
     assert q.grad is not None and values.grad is not None
 
@@ -125,7 +126,8 @@ def test_bad_input_raises():
         lookup_triton(torch.zeros(3, 6), SMALL)
 
 
-@pytest.mark.parametrize("K, n_rows, dtype", [(SMALL, 13, torch.float32), (ODD, 15, torch.bfloat16)])
+@pytest.mark.parametrize("K, n_rows, dtype", [pytest.param(SMALL, 13, torch.float32, id="K4-n13-fp32"),
+                                               pytest.param(ODD, 15, torch.bfloat16, id="odd-n15-bf16")])
 def test_sparse_value_gradient_matches_dense_and_reference(K, n_rows, dtype, device):
     q = random_queries(n_rows, K, seed=8).to(device)
     values = torch.randn(L.memory_size(K), 40, generator=torch.Generator().manual_seed(9)).to(device, dtype)
@@ -142,7 +144,7 @@ def test_sparse_value_gradient_matches_dense_and_reference(K, n_rows, dtype, dev
     torch.testing.assert_close(v_s.grad.to_dense().float(), gv_ref, atol=tolerance, rtol=tolerance)
     torch.testing.assert_close(v_s.grad.to_dense(), gv_dense, atol=tolerance, rtol=tolerance)
     rows = v_s.grad._indices()[0]
-    assert torch.equal(rows, L.lookup(q, K)[0].unique())  # unique and rising: one summed row per location read
+    assert torch.equal(rows, naive.lookup(q, K)[0].unique())  # unique and rising: one summed row per location read
 
 
 # --- the fused read theta (torus query, lookup, scale and cast in one kernel) -----------------------------
@@ -165,10 +167,10 @@ def theta_reference_and_triton(z, values, K, value_grad, device, out_dtype=None)
 @pytest.mark.parametrize(
     "K, n_tokens, z_dtype, values_dtype, value_grad",
     [
-        (SMALL, 9, torch.float32, torch.float32, "atomic"),
-        (ODD, 7, torch.float32, torch.float32, "segment"),
-        (ODD, 5, torch.bfloat16, torch.bfloat16, "atomic"),
-        ((8,) * 8, 3, torch.float32, torch.bfloat16, "segment"),
+        pytest.param(SMALL, 9, torch.float32, torch.float32, "atomic", id="K4-n9-fp32-atomic"),
+        pytest.param(ODD, 7, torch.float32, torch.float32, "segment", id="odd-n7-fp32-segment"),
+        pytest.param(ODD, 5, torch.bfloat16, torch.bfloat16, "atomic", id="odd-n5-bf16-atomic"),
+        pytest.param((8,) * 8, 3, torch.float32, torch.bfloat16, "segment", id="K8-n3-fp32z-bf16values-segment"),
     ],
 )
 def test_theta_kernel_matches_reference(K, n_tokens, z_dtype, values_dtype, value_grad, device):
@@ -207,7 +209,7 @@ def test_selection_breaks_exact_ties_as_the_reference(device):
                          [1.0, 1.0, 1.0, 1.0, 0, 0, 0, 0], [1.0] * 8, [0.5, -0.5, 0.5, 0, 0, 0, 0, 0]])
     for topk in (32, 5):
         index, weight = lookup_triton(ties.to(device), K, topk)
-        index_ref, weight_ref = L.lookup(ties.to(device), K, topk)
+        index_ref, weight_ref = naive.lookup(ties.to(device), K, topk)
         # the same locations, each chosen with the same weight (ties at zero weight included)
         assert torch.equal(index.sort(-1).values, index_ref.sort(-1).values)
         torch.testing.assert_close(weight, weight_ref, atol=1e-6, rtol=1e-6)

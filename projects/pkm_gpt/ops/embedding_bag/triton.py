@@ -1,10 +1,8 @@
-"""Weighted embedding bag: out[r] = sum_j weights[r, j] * values[indices[r, j]].
+"""Weighted embedding bag by Triton kernels: out[r] = sum_j weights[r, j] * values[indices[r, j]].
 
-Three parts side by side:
-- `embedding_bag_reference`: plain PyTorch, obviously right; also the CPU path.
-- Triton kernels (forward, per-sample-weight gradient, and two value-gradient variants),
-  each launched from a `torch.library.custom_op` so that torch.compile treats it as opaque.
-- `EmbeddingBagFunction`, the autograd.Function tying them together; `embedding_bag` dispatches.
+naive.py holds the reference. Here: the kernels (forward, per-sample-weight gradient, two value-gradient
+variants), each launched from a `torch.library.custom_op` so that torch.compile treats it as opaque;
+`EmbeddingBagFunction`, the autograd.Function tying them together; `embedding_bag_triton`, the entry.
 
 Shapes: values [N, v_dim] (fp32 or bf16), indices [R, k] (int64, each in [0, N)),
 weights [R, k]. The output [R, v_dim] is accumulated in fp32 and returned in the
@@ -12,25 +10,27 @@ promoted dtype of values and weights (as `weights * values` would be).
 
 Value-gradient variants (`value_grad`):
 - "atomic": one program per bag row scatters weight * grad_out into the table with atomic adds.
-- "sorted": reverse-index aggregation; the flat indices are sorted, and one program per
-  distinct table row sums its entries' contributions and writes the row once, without atomics.
+- "segment": reverse-index aggregation; the flat indices are sorted, and one program per
+  distinct table row (a segment of the sorted entries) sums its entries' contributions and writes the row
+  once, without atomics.
 "atomic" is the default for now; which one is faster has not been measured on a GPU yet.
 Both accumulate in an fp32 buffer and cast to the values' dtype at the end.
 
 `sparse_values=True` makes the value gradient a coalesced sparse COO tensor holding only the rows read
 (distinct rising indices, one summed row each), as nn.Embedding(sparse=True) does, for a lazy optimiser such
-as torch.optim.SparseAdam. The reference gathers the rows read into a small table first; the Triton path
-writes the "sorted" segment sums compactly (whatever `value_grad` says). The row count depends on the data,
-so this path is a graph break under torch.compile.
+as torch.optim.SparseAdam: the "segment" sums written compactly (whatever `value_grad` says). The row count
+depends on the data, so this path is a graph break under torch.compile.
 """
-
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-VALUE_GRAD_VARIANTS = ("atomic", "sorted")
+from languini.memory_layers import sparse_rows
+from languini.triton_utils import interpreting
+from projects.pkm_gpt.ops.embedding_bag.naive import check_inputs
+
+VALUE_GRAD_VARIANTS = ("atomic", "segment")
 
 # Untuned block sizes (triton.autotune does not run in the interpreter); tune on a GPU.
 _MAX_BLOCK_BAG = 32
@@ -38,48 +38,11 @@ _MAX_BLOCK_DIM = 128
 _BLOCK_ENTRIES = 32
 
 
-def embedding_bag_reference(values, indices, weights, sparse_values=False):
-    """Plain PyTorch weighted embedding bag; accumulates in fp32. sparse_values: see the module docstring."""
-    if sparse_values:
-        return _reference_with_sparse_value_grad(values, indices, weights)
-    out_dtype = torch.promote_types(values.dtype, weights.dtype)
-    # Cast the table before gathering so that the backward scatter-add also accumulates in fp32.
-    gathered = values.float()[indices]  # [R, k, v_dim]
-    return (weights.float().unsqueeze(-1) * gathered).sum(dim=1).to(out_dtype)
-
-
-class _GatherRows(torch.autograd.Function):
-    """values[rows] for distinct rising rows; the gradient is the sparse COO tensor of those rows only."""
-
-    @staticmethod
-    def forward(ctx, values, rows):
-        ctx.save_for_backward(rows)
-        ctx.values_shape = values.shape
-        return values.index_select(0, rows)
-
-    @staticmethod
-    def backward(ctx, grad_rows):
-        (rows,) = ctx.saved_tensors
-        return _sparse_rows(rows, grad_rows, ctx.values_shape), None
-
-
-def _sparse_rows(rows, row_grads, shape):
-    """The coalesced sparse COO gradient whose only non-zero rows are row_grads at the distinct rising rows."""
-    return torch.sparse_coo_tensor(rows[None], row_grads, shape, is_coalesced=True, check_invariants=False)
-
-
-@torch.compiler.disable  # a data-dependent row count and a sparse gradient: torch.compile cannot trace them
-def _reference_with_sparse_value_grad(values, indices, weights):
-    # The bag reads a small table of the rows read, whose (dense) gradient has one summed row per row read.
-    rows_read, positions = torch.unique(indices, sorted=True, return_inverse=True)
-    return embedding_bag_reference(_GatherRows.apply(values, rows_read), positions, weights)
-
-
 # ---------------------------------------------------------------- Triton kernels
 
 
 @triton.jit
-def _forward_kernel(out_ptr, values_ptr, indices_ptr, weights_ptr, v_dim, bag_size,
+def pkm_bag_fwd_kernel(out_ptr, values_ptr, indices_ptr, weights_ptr, v_dim, bag_size,
                     BLOCK_BAG: tl.constexpr, BLOCK_DIM: tl.constexpr):
     # One program per (bag row, block of value columns).
     row = tl.program_id(0).to(tl.int64)
@@ -99,7 +62,7 @@ def _forward_kernel(out_ptr, values_ptr, indices_ptr, weights_ptr, v_dim, bag_si
 
 
 @triton.jit
-def _weight_grad_kernel(grad_weights_ptr, grad_out_ptr, values_ptr, indices_ptr, v_dim, bag_size,
+def pkm_bag_weight_grad_kernel(grad_weights_ptr, grad_out_ptr, values_ptr, indices_ptr, v_dim, bag_size,
                         BLOCK_BAG: tl.constexpr, BLOCK_DIM: tl.constexpr):
     # grad_weights[r, j] = <grad_out[r], values[indices[r, j]]>; one program per (row, block of slots).
     row = tl.program_id(0).to(tl.int64)
@@ -118,7 +81,7 @@ def _weight_grad_kernel(grad_weights_ptr, grad_out_ptr, values_ptr, indices_ptr,
 
 
 @triton.jit
-def _value_grad_atomic_kernel(grad_values_ptr, grad_out_ptr, indices_ptr, weights_ptr, v_dim, bag_size,
+def pkm_bag_value_grad_atomic_kernel(grad_values_ptr, grad_out_ptr, indices_ptr, weights_ptr, v_dim, bag_size,
                               BLOCK_BAG: tl.constexpr, BLOCK_DIM: tl.constexpr):
     # Scatter weight * grad_out[r] into the fp32 table gradient; one program per (row, column block).
     row = tl.program_id(0).to(tl.int64)
@@ -135,7 +98,7 @@ def _value_grad_atomic_kernel(grad_values_ptr, grad_out_ptr, indices_ptr, weight
 
 
 @triton.jit
-def _value_grad_sorted_kernel(grad_values_ptr, grad_out_ptr, weights_ptr, entry_order_ptr, segment_rows_ptr,
+def pkm_bag_value_grad_segment_kernel(grad_values_ptr, grad_out_ptr, weights_ptr, entry_order_ptr, segment_rows_ptr,
                               segment_starts_ptr, segment_ends_ptr, v_dim, bag_size,
                               BLOCK_ENTRIES: tl.constexpr, BLOCK_DIM: tl.constexpr, COMPACT: tl.constexpr):
     # One program per (distinct table row, column block): sum its entries, write the row once, into
@@ -168,7 +131,7 @@ def _block_sizes(bag_size, v_dim):
 
 
 def _segment_sums(grad_out, indices, weights, grad_values=None):
-    """Per distinct table row read, the sum of weight * grad_out over its entries, by the sorted kernel.
+    """Per distinct table row read, the sum of weight * grad_out over its entries, by the segment kernel.
 
     Writes into the rows of grad_values [N, v_dim] (fp32) when given, else into a new compact fp32 table
     [U, v_dim]. Returns (the U rows read, rising; the table written).
@@ -184,7 +147,7 @@ def _segment_sums(grad_out, indices, weights, grad_values=None):
         grad_values = torch.empty(segment_rows.numel(), v_dim, dtype=torch.float32, device=grad_out.device)
     if segment_rows.numel() and v_dim:
         block_dim = _block_sizes(bag_size, v_dim)[1]
-        _value_grad_sorted_kernel[(segment_rows.numel(), triton.cdiv(v_dim, block_dim))](
+        pkm_bag_value_grad_segment_kernel[(segment_rows.numel(), triton.cdiv(v_dim, block_dim))](
             grad_values, grad_out, weights, entry_order, segment_rows, segment_starts, segment_ends, v_dim,
             bag_size, BLOCK_ENTRIES=_BLOCK_ENTRIES, BLOCK_DIM=block_dim, COMPACT=compact)
     return segment_rows, grad_values
@@ -204,7 +167,7 @@ def _forward_op(values: torch.Tensor, indices: torch.Tensor, weights: torch.Tens
     if bag_size == 0:
         return out.zero_()
     block_bag, block_dim = _block_sizes(bag_size, v_dim)
-    _forward_kernel[(num_bags, triton.cdiv(v_dim, block_dim))](
+    pkm_bag_fwd_kernel[(num_bags, triton.cdiv(v_dim, block_dim))](
         out, values, indices, weights, v_dim, bag_size, BLOCK_BAG=block_bag, BLOCK_DIM=block_dim)
     return out
 
@@ -223,7 +186,7 @@ def _weight_grad_op(grad_out: torch.Tensor, values: torch.Tensor, indices: torch
     if grad_weights.numel() == 0 or v_dim == 0:
         return grad_weights
     block_bag, block_dim = _block_sizes(bag_size, v_dim)
-    _weight_grad_kernel[(num_bags, triton.cdiv(bag_size, block_bag))](
+    pkm_bag_weight_grad_kernel[(num_bags, triton.cdiv(bag_size, block_bag))](
         grad_weights, grad_out, values, indices, v_dim, bag_size, BLOCK_BAG=block_bag, BLOCK_DIM=block_dim)
     return grad_weights
 
@@ -243,7 +206,7 @@ def _value_grad_op(grad_out: torch.Tensor, indices: torch.Tensor, weights: torch
         return grad_values
     block_bag, block_dim = _block_sizes(bag_size, v_dim)
     if value_grad == "atomic":
-        _value_grad_atomic_kernel[(num_bags, triton.cdiv(v_dim, block_dim))](
+        pkm_bag_value_grad_atomic_kernel[(num_bags, triton.cdiv(v_dim, block_dim))](
             grad_values, grad_out, indices, weights, v_dim, bag_size, BLOCK_BAG=block_bag, BLOCK_DIM=block_dim)
         return grad_values
     _segment_sums(grad_out, indices, weights, grad_values)
@@ -274,7 +237,7 @@ class EmbeddingBagFunction(torch.autograd.Function):
         grad_values = grad_weights = None
         if ctx.needs_input_grad[0] and ctx.sparse_values:
             rows_read, row_grads = _segment_sums(grad_out, indices, weights)
-            grad_values = _sparse_rows(rows_read, row_grads.to(values.dtype), values.shape)
+            grad_values = sparse_rows(rows_read, row_grads.to(values.dtype), values.shape)
         elif ctx.needs_input_grad[0]:
             grad_values = torch.ops.pkm_gpt.embedding_bag_value_grad(
                 grad_out, indices, weights, values.shape[0], ctx.value_grad).to(values.dtype)
@@ -284,11 +247,21 @@ class EmbeddingBagFunction(torch.autograd.Function):
 
 
 def embedding_bag_triton(values, indices, weights, value_grad="atomic", sparse_values=False):
-    """Triton weighted embedding bag (see the module docstring for shapes, `value_grad` and `sparse_values`)."""
-    _check_inputs(values, indices, weights)
+    """Weighted embedding bag by the Triton kernels, differentiable in values and weights.
+
+    Args:
+        values: [N, v_dim] fp32 or bf16 table, on CUDA (or on CPU under TRITON_INTERPRET=1).
+        indices: int64 [R, k], each in [0, N).
+        weights: [R, k] per-sample weights.
+        value_grad: "atomic" or "segment", how the dense value gradient is reduced (module docstring).
+        sparse_values: the value gradient is a coalesced sparse COO tensor of the rows read.
+    Returns:
+        [R, v_dim] in the promoted dtype of values and weights, accumulated in fp32.
+    """
+    check_inputs(values, indices, weights)
     if value_grad not in VALUE_GRAD_VARIANTS:
         raise ValueError(f"value_grad must be one of {VALUE_GRAD_VARIANTS}, got {value_grad!r}")
-    if not values.is_cuda and os.environ.get("TRITON_INTERPRET", "0").lower() not in ("1", "true", "on"):
+    if not values.is_cuda and not interpreting():
         raise ValueError("the Triton embedding bag needs CUDA tensors (or TRITON_INTERPRET=1 set before "
                          "importing triton); use embedding_bag_reference on CPU")
     inputs = (values.contiguous(), indices.contiguous(), weights.contiguous())
@@ -299,28 +272,4 @@ def embedding_bag_triton(values, indices, weights, value_grad="atomic", sparse_v
 
 @torch.compiler.disable  # a data-dependent row count and a sparse gradient: torch.compile cannot trace them
 def _triton_with_sparse_value_grad(values, indices, weights):
-    return EmbeddingBagFunction.apply(values, indices, weights, "sorted", True)
-
-
-def embedding_bag(values, indices, weights, use_triton=None, value_grad="atomic", sparse_values=False):
-    """Weighted embedding bag; Triton when `use_triton` (default: when values are on a GPU)."""
-    if use_triton is None:
-        use_triton = values.is_cuda
-    if use_triton:
-        return embedding_bag_triton(values, indices, weights, value_grad, sparse_values)
-    _check_inputs(values, indices, weights)
-    return embedding_bag_reference(values, indices, weights, sparse_values)
-
-
-def _check_inputs(values, indices, weights):
-    if values.dim() != 2 or not values.is_floating_point():
-        raise ValueError(f"values must be a floating [N, v_dim] table, got {values.dtype} {tuple(values.shape)}")
-    if indices.dim() != 2 or indices.dtype != torch.int64:
-        raise ValueError(f"indices must be int64 [R, k], got {indices.dtype} {tuple(indices.shape)}; "
-                         "convert with indices.long()")
-    if weights.shape != indices.shape or not weights.is_floating_point():
-        raise ValueError(f"weights must be floating with the shape of indices {tuple(indices.shape)}, "
-                         f"got {weights.dtype} {tuple(weights.shape)}")
-    if not (values.device == indices.device == weights.device):
-        raise ValueError(f"values, indices and weights must be on one device, got "
-                         f"{values.device}, {indices.device}, {weights.device}")
+    return EmbeddingBagFunction.apply(values, indices, weights, "segment", True)

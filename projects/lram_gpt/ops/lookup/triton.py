@@ -1,4 +1,4 @@
-"""Triton kernels for the lattice memory read (memory.theta and lattice.interpolate are the references).
+"""Triton kernels for the lattice memory read (naive.theta and naive.interpolate are the references).
 
 One program of one warp serves one lookup (a token's head), so no step needs more than the warp:
 1. torus query (fused): the head's 16 inputs z give the harmonic scale s and q_i = K_i / (2 pi) arg z_i
@@ -29,14 +29,13 @@ With sparse=True the value gradient is a sparse COO tensor of the rows read (the
 compactly; the number of rows read is the one host synchronisation of that path).
 scripts/kernel_cost.py prints what each kernel costs per lookup (projects/lram_gpt/kernel_cost.csv).
 """
-from __future__ import annotations
-
 import math
 
 import torch
 import triton
 import triton.language as tl
 
+from languini.memory_layers import check_value_grad, sparse_rows
 from projects.lram_gpt.lattice import (
     DEFAULT_TOPK,
     DIM,
@@ -46,7 +45,6 @@ from projects.lram_gpt.lattice import (
     memory_size,
 )
 
-VALUE_GRAD_METHODS = ("atomic", "segment")
 HEAD_INPUTS = 2 * DIM
 POINTS_PAD = 256  # the 232 points padded to 32 lanes x 8
 SEGMENT_BLOCK = 32  # sorted (row, slot) entries per program of the segment sums, summed in order
@@ -102,7 +100,7 @@ def _nearest_d8(y, cols):
 
 @triton.jit
 def _torus_query(z_ptr, freq_ptr, row, cols):
-    """Harmonic scale and lattice coordinates q [8] of one head's 16 inputs, as memory.torus_query."""
+    """Harmonic scale and lattice coordinates q [8] of one head's 16 inputs, as naive.torus_query."""
     re = tl.load(z_ptr + row * (2 * COORDS) + cols).to(tl.float32)
     im = tl.load(z_ptr + row * (2 * COORDS) + COORDS + cols).to(tl.float32)
     squared = re * re + im * im
@@ -112,7 +110,7 @@ def _torus_query(z_ptr, freq_ptr, row, cols):
 
 
 @triton.jit
-def _forward_kernel(
+def lram_lookup_fwd_kernel(
     x_ptr, values_ptr, out_ptr, cand_ptr, index_ptr, weight_ptr, zf_ptr, frame_ptr, scale_ptr, place_ptr,
     place_stride_ptr, freq_ptr, half_periods_ptr, strides_ptr, points_t_ptr, norms_ptr, points_ptr,
     half_memory,
@@ -259,7 +257,7 @@ def _forward_kernel(
 
 
 @triton.jit
-def _backward_kernel(
+def lram_lookup_bwd_kernel(
     x_ptr, values_ptr, grad_out_ptr, grad_x_ptr, grad_values_ptr, slot_weight_ptr, along_ptr,
     cand_ptr, index_ptr, zf_ptr, frame_ptr, scale_ptr,
     freq_ptr, points_ptr,
@@ -329,7 +327,7 @@ def _backward_kernel(
 
 
 @triton.jit
-def _segment_sum_kernel(
+def lram_lookup_segment_sum_kernel(
     sorted_index_ptr, order_ptr, slot_weight_ptr, grad_out_ptr, target_ptr, grad_values_ptr, n_entries,
     M: tl.constexpr, M_PAD: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr, COMPACT: tl.constexpr,
 ):
@@ -388,7 +386,7 @@ def _tables(K, device):
         points16[:n] = points.to(torch.int16)
         periods = torch.tensor(K, dtype=torch.float32)
         _TABLES[key] = tuple(t.to(device) for t in (
-            periods / (2 * math.pi),  # as memory.torus_query computes it
+            periods / (2 * math.pi),  # as naive.torus_query computes it
             torch.tensor([k // 2 for k in K], dtype=torch.int32),
             torch.tensor(index_strides(K), dtype=torch.int32),
             points_t, norms, points16))
@@ -417,8 +415,11 @@ def _meta(topk, M):
     return dict(M=M, M_PAD=triton.next_power_of_2(max(M, 1)), TOPK=topk, TOPK_PAD=triton.next_power_of_2(topk))
 
 
-def _forward(x_rows, values, K, topk, from_q, read, save, out_dtype=torch.float32):
-    """Launch the forward kernel; returns its buffers (out, cand, index, weight, zf, frame, scale)."""
+def lookup_fwd(x_rows, values, K, topk, from_q, read, save, out_dtype=torch.float32):
+    """Launch the forward kernel; returns its buffers (out, cand, index, weight, zf, frame, scale).
+
+    values is None when not `read`; zf, frame and scale are None when not `save` (nothing for a backward).
+    """
     n, device = x_rows.shape[0], x_rows.device
     M = values.shape[1] if read else 0
     freq, half_periods, strides, points_t, norms, points16 = _tables(K, device)
@@ -426,21 +427,86 @@ def _forward(x_rows, values, K, topk, from_q, read, save, out_dtype=torch.float3
     cand = torch.empty(n, topk, dtype=torch.int16, device=device)
     index = torch.empty(n, topk, dtype=torch.int32, device=device)  # saved for the backward, or scratch
     weight = torch.empty(n, topk, dtype=torch.float32, device=device)  # the lookup's result, or scratch
-    zf = torch.empty(n, DIM, dtype=torch.float32, device=device) if save else out
-    frame = torch.empty(n, dtype=torch.int32, device=device) if save else cand
-    scale = torch.empty(n, dtype=torch.float32, device=device) if save else out
+    zf = torch.empty(n, DIM, dtype=torch.float32, device=device) if save else None
+    frame = torch.empty(n, dtype=torch.int32, device=device) if save else None
+    scale = torch.empty(n, dtype=torch.float32, device=device) if save else None
     place = torch.empty(n, 6 * DIM, dtype=torch.float32, device=device)  # scratch: the frame, by place
     place_stride = torch.empty(n, DIM, dtype=torch.int32, device=device)
     if n:
-        _forward_kernel[(n,)](
-            x_rows, values if read else out, out, cand, index, weight, zf, frame, scale, place, place_stride,
+        lram_lookup_fwd_kernel[(n,)](
+            x_rows, values if read else None, out, cand, index, weight, zf, frame, scale, place, place_stride,
             freq, half_periods, strides, points_t, norms, points16, memory_size(K) // 2,
             CHUNK=min(8, triton.next_power_of_2(topk)), FROM_Q=from_q, READ=read, SAVE=save,
             num_warps=1, **_meta(topk, M), **({"maxnreg": REGISTERS} if read and not from_q else {}))
     return out, cand, index, weight, zf, frame, scale
 
 
-class _Read(torch.autograd.Function):
+def lookup_bwd(x_rows, values, grad_rows, cand, index, zf, frame, scale, K, topk, from_q, need_x, value_grad):
+    """Launch the backward kernels; returns (grad_x fp32 or None, grad_values, slot_weight s u^4 [n, topk]).
+
+    value_grad: "atomic" or "segment" give the dense fp32 value gradient [N, m]; "sparse" gives (the memory
+    indices read, rising; their [U, m] fp32 sums); "none" gives None.
+    """
+    n, M = x_rows.shape[0], values.shape[1]
+    atomic = value_grad == "atomic"
+    grad_x = torch.empty(x_rows.shape, dtype=torch.float32, device=x_rows.device) if need_x else None
+    dense = value_grad in ("atomic", "segment")
+    grad_values = torch.zeros(values.shape, dtype=torch.float32, device=values.device) if dense else None
+    slot_weight = torch.empty(n, topk, dtype=torch.float32, device=x_rows.device)
+    along = torch.empty(n, topk, dtype=torch.float32, device=x_rows.device) if need_x else None  # g . v_k
+    freq, _, _, _, _, points16 = _tables(K, x_rows.device)
+    if n and (need_x or value_grad != "none"):
+        lram_lookup_bwd_kernel[(n,)](
+            x_rows, values if need_x else None, grad_rows, grad_x, grad_values if atomic else None, slot_weight,
+            along, cand, index, zf, frame if need_x else None, scale, freq, points16,
+            CHUNK=min(8, triton.next_power_of_2(topk)), FROM_Q=from_q, GRAD_X=need_x, GRAD_VALUES_ATOMIC=atomic,
+            num_warps=1, maxnreg=REGISTERS, **_meta(topk, M))
+    if value_grad in ("segment", "sparse"):
+        grad_values = _segment_sum(grad_rows, index, slot_weight, grad_values, topk, values.shape)
+    return grad_x, grad_values, slot_weight
+
+
+# ---------------------------------------------------------------------------------------------------
+# Custom ops (opaque to torch.compile) and autograd
+# ---------------------------------------------------------------------------------------------------
+
+@torch.library.custom_op("lram_gpt::lookup_fwd", mutates_args=())
+def _lookup_fwd_op(x_rows: torch.Tensor, values: torch.Tensor, K: list[int], topk: int, from_q: bool, save: bool,
+                   out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                    torch.Tensor, torch.Tensor]:
+    out, cand, index, _, zf, frame, scale = lookup_fwd(x_rows, values, tuple(K), topk, from_q, True, save, out_dtype)
+    if not save:  # a custom op returns tensors: empty ones stand for nothing saved
+        zf = frame = scale = x_rows.new_empty(0)
+    return out, cand, index, zf, frame, scale
+
+
+@_lookup_fwd_op.register_fake
+def _(x_rows, values, K, topk, from_q, save, out_dtype):
+    n = x_rows.shape[0]
+    saved = (x_rows.new_empty(n, DIM, dtype=torch.float32), x_rows.new_empty(n, dtype=torch.int32),
+             x_rows.new_empty(n, dtype=torch.float32)) if save else (x_rows.new_empty(0),) * 3
+    return (x_rows.new_empty(n, values.shape[1], dtype=out_dtype), x_rows.new_empty(n, topk, dtype=torch.int16),
+            x_rows.new_empty(n, topk, dtype=torch.int32), *saved)
+
+
+@torch.library.custom_op("lram_gpt::lookup_bwd", mutates_args=())
+def _lookup_bwd_op(x_rows: torch.Tensor, values: torch.Tensor, grad_rows: torch.Tensor, cand: torch.Tensor,
+                   index: torch.Tensor, zf: torch.Tensor, frame: torch.Tensor, scale: torch.Tensor, K: list[int],
+                   topk: int, from_q: bool, need_x: bool, value_grad: str) -> tuple[torch.Tensor, torch.Tensor]:
+    grad_x, grad_values, _ = lookup_bwd(x_rows, values, grad_rows, cand, index, zf, frame, scale, tuple(K), topk,
+                                        from_q, need_x, value_grad)
+    empty = x_rows.new_empty(0, dtype=torch.float32)
+    return (grad_x if need_x else empty), (grad_values if value_grad != "none" else empty)
+
+
+@_lookup_bwd_op.register_fake
+def _(x_rows, values, grad_rows, cand, index, zf, frame, scale, K, topk, from_q, need_x, value_grad):
+    empty = x_rows.new_empty(0, dtype=torch.float32)
+    return (x_rows.new_empty(x_rows.shape, dtype=torch.float32) if need_x else empty,
+            values.new_empty(values.shape, dtype=torch.float32) if value_grad != "none" else empty)
+
+
+class LookupFunction(torch.autograd.Function):
     """theta (from_q False: x holds the heads' 16 inputs) or phi (from_q True: x holds q) by the kernels."""
 
     @staticmethod
@@ -450,7 +516,8 @@ class _Read(torch.autograd.Function):
             x_rows = x_rows.to(torch.float32)
         values_c = values.contiguous()
         save = any(ctx.needs_input_grad[:2])
-        out, cand, index, _, zf, frame, scale = _forward(x_rows, values_c, K, topk, from_q, True, save, out_dtype)
+        out, cand, index, zf, frame, scale = torch.ops.lram_gpt.lookup_fwd(x_rows, values_c, list(K), topk, from_q,
+                                                                           save, out_dtype)
         ctx.save_for_backward(x_rows, values_c, cand, index, zf, frame, scale)
         ctx.K, ctx.topk, ctx.value_grad, ctx.sparse, ctx.from_q = K, topk, value_grad, sparse, from_q
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
@@ -459,32 +526,18 @@ class _Read(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x_rows, values, cand, index, zf, frame, scale = ctx.saved_tensors
-        K, topk = ctx.K, ctx.topk
         n, M = x_rows.shape[0], values.shape[1]
         grad_rows = grad_out.reshape(n, M).contiguous()
         need_x, need_values = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        segment = need_values and (ctx.value_grad == "segment" or ctx.sparse)
-        atomic = need_values and not segment
-        dense = need_values and not ctx.sparse
-        grad_x = torch.empty(x_rows.shape, dtype=torch.float32, device=x_rows.device) if need_x else scale
-        grad_values = torch.zeros(values.shape, dtype=torch.float32, device=values.device) if dense else None
-        slot_weight = torch.empty(n, topk, dtype=torch.float32, device=x_rows.device)  # s u^4 per slot
-        along = torch.empty(n, topk, dtype=torch.float32, device=x_rows.device) if need_x else scale  # g . v_k
-        freq, _, _, _, _, points16 = _tables(K, x_rows.device)
-        if n and (need_x or need_values):
-            _backward_kernel[(n,)](
-                x_rows, values, grad_rows, grad_x, grad_values if atomic else scale, slot_weight, along,
-                cand, index, zf, frame, scale, freq, points16, CHUNK=min(8, triton.next_power_of_2(topk)),
-                FROM_Q=ctx.from_q, GRAD_X=need_x, GRAD_VALUES_ATOMIC=atomic, num_warps=1, maxnreg=REGISTERS,
-                **_meta(topk, M))
-        if segment:
-            grad_values = _segment_sum(grad_rows, index, slot_weight, grad_values, topk, values.shape)
-            if ctx.sparse:
-                rows_read, sums = grad_values
-                grad_values = torch.sparse_coo_tensor(rows_read[None].long(), sums.to(values.dtype), values.shape,
-                                                      is_coalesced=True, check_invariants=False)
-        if dense:
-            grad_values = grad_values.to(values.dtype)
+        if need_values and ctx.sparse:  # a data-dependent row count: eager, as the sparse forward
+            grad_x, (rows_read, sums), _ = lookup_bwd(x_rows, values, grad_rows, cand, index, zf, frame, scale,
+                                                      ctx.K, ctx.topk, ctx.from_q, need_x, "sparse")
+            grad_values = sparse_rows(rows_read.long(), sums.to(values.dtype), values.shape)
+        else:
+            grad_x, grad_values = torch.ops.lram_gpt.lookup_bwd(
+                x_rows, values, grad_rows, cand, index, zf, frame, scale, list(ctx.K), ctx.topk, ctx.from_q,
+                need_x, ctx.value_grad if need_values else "none")
+            grad_values = grad_values.to(values.dtype) if need_values else None
         grad_x = grad_x.view(ctx.x_shape).to(ctx.x_dtype) if need_x else None
         return grad_x, grad_values, None, None, None, None, None, None
 
@@ -504,55 +557,71 @@ def _segment_sum(grad_rows, index, slot_weight, grad_values, topk, shape):
         rows_read = sorted_index[starts]  # the one host synchronisation: the sparse tensor's size
         grad_values = torch.zeros(rows_read.shape[0], M, dtype=torch.float32, device=index.device)
     if n_entries:
-        _segment_sum_kernel[(triton.cdiv(n_entries, SEGMENT_BLOCK),)](
+        lram_lookup_segment_sum_kernel[(triton.cdiv(n_entries, SEGMENT_BLOCK),)](
             sorted_index, order, slot_weight, grad_rows, target, grad_values, n_entries,
             M=M, M_PAD=triton.next_power_of_2(max(M, 1)), TOPK=topk, BLOCK=SEGMENT_BLOCK, COMPACT=compact,
             num_warps=1)
     return (rows_read, grad_values) if compact else grad_values
 
 
-def _check_value_grad(value_grad):
-    if value_grad not in VALUE_GRAD_METHODS:
-        raise ValueError(f"value_grad must be one of {VALUE_GRAD_METHODS}, got {value_grad!r}")
+def _read(x, values, K, topk, value_grad, sparse, from_q, out_dtype):
+    if sparse:
+        return _read_sparse(x, values, K, topk, from_q, out_dtype)
+    return LookupFunction.apply(x, values, K, topk, value_grad, False, from_q, out_dtype)
 
 
-@torch.compiler.disable
+@torch.compiler.disable  # a data-dependent row count and a sparse gradient: torch.compile cannot trace them
+def _read_sparse(x, values, K, topk, from_q, out_dtype):
+    return LookupFunction.apply(x, values, K, topk, "segment", True, from_q, out_dtype)
+
+
 def theta_triton(z: torch.Tensor, values: torch.Tensor, K, topk: int = DEFAULT_TOPK, value_grad: str = "atomic",
                  sparse: bool = False, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """memory.theta for heads z [..., 16] (fp32, bf16 or fp16) from values [N, m] (fp32 or bf16), in one kernel.
+    """naive.theta by the kernels: torus query, lookup, harmonic scale and weighted read in one forward kernel.
 
-    Returns [..., m] in out_dtype: by default the autocast dtype where autocast is on, else float32.
-    value_grad and sparse: see interpolate_triton.
+    Args:
+        z: heads [..., 16] (re_1..re_8, im_1..im_8), fp32, bf16 or fp16, on CUDA (or CPU under TRITON_INTERPRET=1).
+        values: the memory [N, m], fp32 or bf16, N = memory_size(K).
+        K: the 8 torus periods; topk: lattice points read per head.
+        value_grad, sparse: see interpolate_triton.
+        out_dtype: the output's dtype; None for the autocast dtype where autocast is on, else float32.
+    Returns:
+        [..., m] in out_dtype, differentiable in z and values.
     """
     K = _check(z, K, topk, HEAD_INPUTS, values)
-    _check_value_grad(value_grad)
+    check_value_grad(value_grad)
     if out_dtype is None:
         device_type = z.device.type
         out_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else torch.float32
-    return _Read.apply(z, values, K, topk, value_grad, sparse, False, out_dtype)
+    return _read(z, values, K, topk, value_grad, sparse, False, out_dtype)
 
 
-@torch.compiler.disable
 def interpolate_triton(q: torch.Tensor, values: torch.Tensor, K, topk: int = DEFAULT_TOPK,
                        value_grad: str = "atomic", sparse: bool = False) -> torch.Tensor:
-    """phi(q) for queries q [..., 8] from values [N, m] (fp32 or bf16); fp32 [..., m], differentiable in both.
+    """phi(q) by the kernels (naive.interpolate is the reference).
 
-    value_grad picks how a dense value gradient is accumulated: "atomic" (relaxed atomic adds) or "segment"
-    (sort by memory index, then sums of runs). sparse=True makes the value gradient a coalesced sparse COO
-    tensor of the rows read (always by the segment sums), as nn.Embedding(sparse=True).
+    Args:
+        q: queries [..., 8] in lattice coordinates; values: the memory [N, m], fp32 or bf16.
+        K: the 8 torus periods; topk: lattice points read per query.
+        value_grad: how a dense value gradient is accumulated, "atomic" (relaxed atomic adds) or "segment"
+            (sort by memory index, then sums of runs).
+        sparse: the value gradient is a coalesced sparse COO tensor of the rows read (always by the segment
+            sums), as nn.Embedding(sparse=True).
+    Returns:
+        fp32 [..., m], differentiable in q and values.
     """
     K = _check(q, K, topk, DIM, values)
-    _check_value_grad(value_grad)
-    return _Read.apply(q, values, K, topk, value_grad, sparse, True, torch.float32)
+    check_value_grad(value_grad)
+    return _read(q, values, K, topk, value_grad, sparse, True, torch.float32)
 
 
 @torch.compiler.disable
 @torch.no_grad()
 def lookup_triton(q: torch.Tensor, K, topk: int = DEFAULT_TOPK):
-    """lattice.lookup by the kernel: (index int64 [..., topk], weight fp32 [..., topk]), falling weight."""
+    """naive.lookup by the kernel: (index int64 [..., topk], weight fp32 [..., topk]), falling weight."""
     K = _check(q, K, topk, DIM)
     q_rows = q.reshape(-1, DIM).to(torch.float32).contiguous()
-    _, _, index, weight, _, _, _ = _forward(q_rows, q_rows, K, topk, True, False, False)
+    _, _, index, weight, _, _, _ = lookup_fwd(q_rows, None, K, topk, True, False, False)
     # slots come in point order, so a stable sort by falling weight orders equal weights as the reference
     weight, order = torch.sort(weight, dim=-1, descending=True, stable=True)
     index = index.long().gather(-1, order)
@@ -599,7 +668,7 @@ def cost_spec(kernel, constants, signature, spec):
     """For scripts/kernel_cost.py: lookups per program, loop trip counts and bytes per lookup of a launch."""
     value_bytes = {"*bf16": 2, "*fp16": 2}.get(signature.get("values_ptr"), 4)
     topk, m = constants.get("TOPK", 0), constants.get("M_PAD", 0)
-    if kernel == "_forward_kernel":
+    if kernel == "lram_lookup_fwd_kernel":
         # the threshold search's mean trip count over uniform random queries (seeded)
         generator = torch.Generator().manual_seed(0)
         q = (torch.rand(4096, DIM, generator=generator) * 2 - 1) * 16
@@ -610,11 +679,11 @@ def cost_spec(kernel, constants, signature, spec):
         trips = [probes, tie_trips] + [triton.next_power_of_2(topk) // constants["CHUNK"]] * constants["READ"]
         return spec(1, trips, moved, f"loops: mean {probes:.2f} probes, {tie_trips:.3f} tie steps "
                                                    f"over 4096 random queries")
-    if kernel == "_backward_kernel":
+    if kernel == "lram_lookup_bwd_kernel":
         moved = topk * m * value_bytes * constants["GRAD_X"] + topk * m * 4 * constants["GRAD_VALUES_ATOMIC"]
         moved += 16 * 8 + m * 2 + topk * 6 + 40 + topk * 4 * (1 + constants["GRAD_X"])
         return spec(1, [triton.next_power_of_2(topk) // constants["CHUNK"]], moved)
-    if kernel == "_segment_sum_kernel":  # per lookup: its TOPK entries; a row's gradient is written about once
+    if kernel == "lram_lookup_segment_sum_kernel":  # per lookup: its TOPK entries; a row's gradient is written about once
         per_entry = m * 4 + 4 + 8 + 4 + 4 * constants["COMPACT"]
         return spec(constants["BLOCK"] / topk, [constants["BLOCK"]], topk * per_entry + topk * m * 4,
                     "entries summed in order, one loop trip each")

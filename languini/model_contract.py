@@ -1,0 +1,108 @@
+"""What the shared trainer, evaluation and FLOP count ask of a project's `Model`, written down in one place.
+
+Required: `Model(cfg)`, `forward(x, state) -> (logits, state)` or `(logits, state, aux)`, and the class
+attribute `stateful`. Optional (a model that does not define one gets the default behaviour, at no cost):
+`optimizer_groups`, `extra_flops`, `reset_memory_stats`/`memory_stats`, and the after-step hook `after_step`.
+tests/core/test_contract.py checks every project under projects/ against it.
+"""
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+CONTRACT = "languini/model_contract.py"
+
+
+class ContractError(TypeError):
+    """A project's Model does not follow this contract."""
+
+
+@runtime_checkable
+class LanguageModel(Protocol):
+    """The required part of the contract."""
+
+    # True: the model carries a state from one batch of a stream to the next (a recurrent cell's, a cache);
+    # the trainer then carries it, and the slow evaluation reads each split once as one stream. False: every
+    # forward starts afresh and returns None as its state.
+    stateful: bool
+
+    def forward(self, x: torch.Tensor, state=None) -> tuple:
+        """x: (batch, time) token ids; state: what the previous call returned for these streams, or None.
+
+        Returns (logits of shape (batch, time, vocab), state) or (logits, state, aux), where aux maps a name to
+        a scalar loss already weighted by its coefficient: the trainer adds it to the training loss and logs
+        it, but no perplexity counts it. logits[:, t] may depend only on x[:, :t + 1] and the state.
+        """
+        ...
+
+
+@runtime_checkable
+class WithOptimizerGroups(Protocol):
+    def optimizer_groups(self, lr: float) -> list[dict]:
+        """torch.optim parameter groups holding every parameter exactly once; a group marked "sparse": True
+        (row-sparse gradients) gets a lazy SparseAdam. Default: one group of all parameters at lr."""
+        ...
+
+
+@runtime_checkable
+class WithExtraFlops(Protocol):
+    def extra_flops(self, seq_len: int) -> int:
+        """Forward FLOPs of one sequence at batch 1 that DeepSpeed's profiler cannot see (Triton kernels,
+        elementwise recurrences). Default: 0."""
+        ...
+
+
+@runtime_checkable
+class WithMemoryStats(Protocol):
+    def reset_memory_stats(self) -> None:
+        """Start recording the memory reads of every eval-mode forward until the next reset."""
+        ...
+
+    def memory_stats(self) -> dict:
+        """Statistics of the reads since reset_memory_stats (over all processes when distributed): a dict for
+        results.json, nested dicts and lists allowed, every number finite."""
+        ...
+
+
+@runtime_checkable
+class WithTrainMetrics(Protocol):
+    def train_metrics(self) -> dict:
+        """Numbers about the last training forward (e.g. the share of tokens a mixture of experts dropped), written
+        into each train row of log.jsonl; not losses (those go through the aux dict of forward)."""
+        ...
+
+
+@runtime_checkable
+class WithAfterStep(Protocol):
+    def after_step(self, hidden: torch.Tensor, targets: torch.Tensor) -> None:
+        """Called by the trainer once per optimiser step, after the parameters changed, under no_grad.
+
+        hidden: (batch, time, width), the inputs of the model's output layer `head` in the training forwards of
+        that step (this process's micro-batches, concatenated along the batch, detached); targets: (batch,
+        time) the tokens they predict. Hebbian softmax moves the output embedding towards them. Under data
+        parallelism every process gets its own batch: a hook that changes parameters must agree across
+        processes itself. The trainer records `hidden` only for models that define this method.
+        """
+        ...
+
+
+def stateful(model_cls) -> bool:
+    """The declared `stateful` of a model class (or of an instance, which may refine it: a Shortformer without a
+    cache is stateless); one clear error when it has none."""
+    value = getattr(model_cls, "stateful", None)
+    if not isinstance(value, bool):
+        name = getattr(model_cls, "__name__", type(model_cls).__name__)
+        raise ContractError(f"{name} must declare the class attribute `stateful = True` (it carries a state from batch "
+                        f"to batch) or `stateful = False` (it returns None as its state): see {CONTRACT}.")
+    return value
+
+
+def output_head(model) -> torch.nn.Module:
+    """The output layer whose inputs an after-step hook receives."""
+    head = getattr(model, "head", None)
+    if not isinstance(head, torch.nn.Module):
+        raise ContractError(f"{type(model).__name__} defines after_step, which receives the inputs of the output "
+                            f"layer: it needs that layer as the module `head` (see {CONTRACT}).")
+    return head
+

@@ -1,0 +1,102 @@
+"""GPT sizes (Languini paper, Table 4) with Switch mixture-of-experts MLPs, and the GPT's compute classes.
+
+"<size>" has E = 8 experts, "<size>_e32" and "<size>_e64" 32 and 64, for mini, tiny and small; "cpu" is a
+smoke-test size. `python -m projects.switch_gpt.configs` prints every config's parameter count.
+"""
+from dataclasses import dataclass, replace
+
+MOE_LAYERS = ("every_other", "every")  # or a block index (from 0) as a string: one MoE block, as memory layers
+ROUTING = ("top1", "top2")
+EXPERTS_IMPL = ("auto", "naive", "triton")
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 16384
+    seq_len: int = 512  # length of the learned position table
+    d_model: int = 768
+    n_layers: int = 12
+    n_heads: int = 12
+    d_head: int = 64  # attention width is n_heads * d_head, which differs from d_model for mini
+    mlp_ratio: int = 4  # each expert is a GPT MLP: d_model -> mlp_ratio * d_model -> d_model
+    # math: an explicit masked softmax, as the official Languini code; sdpa: F.scaled_dot_product_attention
+    attention: str = "math"
+    n_experts: int = 8
+    # every_other: blocks 1, 3, 5, ... (Switch, GShard); every: all blocks; "I": block I only
+    moe_layers: str = "every_other"
+    routing: str = "top1"  # top1 (Switch) or top2 (GShard: gates renormalised over the two)
+    capacity_factor: float = 1.25  # training only: capacity = capacity_factor x k x tokens / E per expert
+    load_balance_coef: float = 0.01  # alpha of the load-balancing loss alpha x E x sum_i f_i P_i
+    router_z_coef: float = 0.0  # router z-loss mean(logsumexp(logits)^2) coefficient (ST-MoE: 1e-3); 0: off
+    init_scale: float = 0.1  # Switch's s: router and expert weights ~ truncated normal, std sqrt(s / fan_in)
+    experts_impl: str = "auto"  # auto: the Triton kernel on GPU, the per-expert loop on CPU; naive; triton
+
+
+_GPT_SIZES = {
+    "mini": ModelConfig(d_model=512, n_layers=4, n_heads=8, d_head=32),
+    "tiny": ModelConfig(d_model=768, n_layers=4, n_heads=12, d_head=64),
+    "small": ModelConfig(d_model=768, n_layers=12, n_heads=12, d_head=64),
+}
+
+SIZES = {
+    **_GPT_SIZES,
+    **{f"{name}_e{e}": replace(cfg, n_experts=e) for name, cfg in _GPT_SIZES.items() for e in (32, 64)},
+    # Sized for a smoke test on 2 CPU cores with the embedded default corpus; not a paper config.
+    "cpu": ModelConfig(vocab_size=2048, seq_len=128, d_model=128, n_layers=2, n_heads=4, d_head=32, n_experts=4),
+}
+
+# The GPT baseline's best size and batch per compute class (Languini paper, Table 6) where it is small, so that
+# the experts are compared with the GPT (and the memory layers) at equal reference-hardware time. 48h and 96h
+# used medium, which has no Switch config here.
+COMPUTE_CLASSES = {
+    "6h": {"config": "small", "batch_size": 128},
+    "12h": {"config": "small", "batch_size": 128},
+    "24h": {"config": "small", "batch_size": 256},
+}
+
+
+def moe_blocks(cfg: ModelConfig) -> list[int]:
+    """The indices of the blocks whose MLP is a mixture of experts."""
+    if cfg.moe_layers == "every_other":
+        return list(range(1, cfg.n_layers, 2))
+    if cfg.moe_layers == "every":
+        return list(range(cfg.n_layers))
+    if cfg.moe_layers.isdigit() and int(cfg.moe_layers) < cfg.n_layers:
+        return [int(cfg.moe_layers)]
+    raise ValueError(f"moe_layers must be one of {', '.join(MOE_LAYERS)} or a block index below n_layers "
+                     f"({cfg.n_layers}), not {cfg.moe_layers!r}")
+
+
+def check(cfg: ModelConfig) -> None:
+    """Clear errors for bad values, before any model is built."""
+    moe_blocks(cfg)
+    if cfg.routing not in ROUTING:
+        raise ValueError(f"routing must be one of {', '.join(ROUTING)}, not {cfg.routing!r}")
+    if cfg.experts_impl not in EXPERTS_IMPL:
+        raise ValueError(f"experts_impl must be one of {', '.join(EXPERTS_IMPL)}, not {cfg.experts_impl!r}")
+    if cfg.n_experts < 1 or (cfg.routing == "top2" and cfg.n_experts < 2):
+        raise ValueError(f"n_experts must be at least 1 (2 for top2), not {cfg.n_experts}")
+    if cfg.capacity_factor <= 0:
+        raise ValueError(f"capacity_factor must be positive, not {cfg.capacity_factor}")
+
+
+def get(name: str, **overrides) -> ModelConfig:
+    if name not in SIZES:
+        raise ValueError(f"Unknown switch_gpt config '{name}'; choose one of {', '.join(SIZES)}.")
+    cfg = replace(SIZES[name], **overrides)
+    check(cfg)
+    return cfg
+
+
+if __name__ == "__main__":
+    import torch
+
+    from projects.switch_gpt.model import Model
+
+    print(f"{'config':<10} {'E':>3} {'MoE blocks':>10} {'parameters':>14} {'active per token':>17}")
+    for name, cfg in SIZES.items():
+        with torch.device("meta"):
+            model = Model(cfg)
+        total = sum(p.numel() for p in model.parameters())
+        print(f"{name:<10} {cfg.n_experts:>3} {len(moe_blocks(cfg)):>10} {total / 1e6:>13.1f}M "
+              f"{model.active_parameters() / 1e6:>16.1f}M")

@@ -1,0 +1,252 @@
+"""A GPT (projects/gpt, copied) whose MLP in every other block is a Switch mixture of experts (Fedus et al. 2021;
+GShard's top-2 as an option): a float32 router, top-k routing, capacity in training with overflow passed through
+the residual, Switch's 0.1 initialisation scale, the load-balancing loss (and an optional router z-loss) returned
+as auxiliary losses."""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from projects.switch_gpt.configs import ModelConfig, check, moe_blocks
+from projects.switch_gpt.ops.moe.naive import experts_naive
+
+ATTENTION = ("math", "sdpa")
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, not {cfg.attention!r}")
+        self.n_heads, self.d_head, self.impl = cfg.n_heads, cfg.d_head, cfg.attention
+        inner = cfg.n_heads * cfg.d_head
+        self.qkv = nn.Linear(cfg.d_model, 3 * inner)
+        self.proj = nn.Linear(inner, cfg.d_model)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
+        if self.impl == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # as the official code: under autocast the softmax runs in fp32, the products in half precision
+            scores = torch.einsum("bhid,bhjd->bhij", q, k) * self.d_head ** -0.5
+            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            y = torch.einsum("bhij,bhjd->bhid", F.softmax(scores.masked_fill(future, float("-inf")), dim=-1), v)
+        return self.proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model)
+        self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))  # GPT-2's GELU
+
+
+def within_capacity(choice: torch.Tensor, n_experts: int, capacity: int) -> torch.Tensor:
+    """(N, k) bool: which choices an expert of `capacity` slots takes. Slots go to first choices in token order,
+    then to second choices (GShard), so a token's first choice never loses its slot to another's second."""
+    order = choice.t().reshape(-1)  # choice-major: every first choice before any second
+    slot = (F.one_hot(order, n_experts).cumsum(0) - 1).gather(1, order[:, None]).squeeze(1)
+    return (slot < capacity).view(choice.shape[1], -1).t()
+
+
+def count_per_expert(index: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """How often each expert appears in `index`; a fixed shape (bincount's depends on the data under compile)."""
+    return torch.zeros(n_experts, dtype=torch.long, device=index.device).scatter_add_(0, index, torch.ones_like(index))
+
+
+def truncated_normal_(weight: torch.Tensor, scale: float, fan_in: int) -> None:
+    """Switch's initialisation: a normal of std sqrt(scale / fan_in) truncated at two standard deviations."""
+    std = math.sqrt(scale / fan_in)
+    nn.init.trunc_normal_(weight, std=std, a=-2 * std, b=2 * std)
+
+
+class SwitchMLP(nn.Module):
+    """E experts (each a GPT MLP) behind a router; returns (output, auxiliary losses)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        E, d, h = cfg.n_experts, cfg.d_model, cfg.mlp_ratio * cfg.d_model
+        self.cfg, self.k = cfg, 2 if cfg.routing == "top2" else 1
+        self.router = nn.Linear(d, E, bias=False)
+        # Expert weights laid out (E, in, out), the grouped GEMM's x @ W.
+        self.fc_weight, self.fc_bias = nn.Parameter(torch.empty(E, d, h)), nn.Parameter(torch.zeros(E, h))
+        self.proj_weight, self.proj_bias = nn.Parameter(torch.empty(E, h, d)), nn.Parameter(torch.zeros(E, d))
+        # Expert load, as token-choice counts per expert: in eval mode since reset_memory_stats (per split), and
+        # in training since the last train_metrics() (with the choices dropped for capacity).
+        self.register_buffer("eval_counts", torch.zeros(E, dtype=torch.long), persistent=False)
+        self.register_buffer("train_counts", torch.zeros(E, dtype=torch.long), persistent=False)
+        self.register_buffer("train_dropped", torch.zeros((), dtype=torch.long), persistent=False)
+
+    def init_weights(self) -> None:
+        s, d, h = self.cfg.init_scale, self.fc_weight.shape[1], self.fc_weight.shape[2]
+        truncated_normal_(self.router.weight, s, d)
+        truncated_normal_(self.fc_weight, s, d)
+        truncated_normal_(self.proj_weight, s, h)
+        nn.init.zeros_(self.fc_bias)
+        nn.init.zeros_(self.proj_bias)
+
+    def capacity(self, n_tokens: int) -> int:
+        """Slots per expert in training: capacity_factor x k x tokens / E (at least one)."""
+        return max(1, int(self.cfg.capacity_factor * self.k * n_tokens / self.cfg.n_experts))
+
+    def route(self, x: torch.Tensor):
+        """Router logits and probabilities in float32 (Switch's selective precision, also under autocast), and
+        each token's k choices and gates."""
+        with torch.autocast(x.device.type, enabled=False):
+            logits = F.linear(x.float(), self.router.weight.float())
+            probs = logits.softmax(-1)
+            top_p, choice = probs.topk(self.k, dim=-1)
+            gates = top_p if self.k == 1 else top_p / top_p.sum(-1, keepdim=True)  # GShard renormalises two
+        return logits, probs, choice, gates
+
+    def forward(self, x):
+        shape, E = x.shape, self.cfg.n_experts
+        x = x.reshape(-1, shape[-1])
+        logits, probs, choice, gates = self.route(x)
+        expert_index = choice
+        counts = count_per_expert(choice.flatten(), E)
+        if self.training:  # no capacity at evaluation: a token's output never depends on other streams there
+            keep = within_capacity(choice, E, self.capacity(x.shape[0]))
+            expert_index = torch.where(keep, choice, -1)
+            with torch.no_grad():
+                self.train_counts += counts
+                self.train_dropped += (~keep).sum()
+        else:
+            with torch.no_grad():
+                self.eval_counts += counts
+        out = experts(x, expert_index, gates, self.fc_weight, self.fc_bias, self.proj_weight, self.proj_bias,
+                      self.cfg.experts_impl)
+        # Switch's load-balancing loss: f_i the share of tokens whose first choice is expert i, P_i the mean
+        # router probability of expert i.
+        first = count_per_expert(choice[:, 0], E).float() / x.shape[0]
+        aux = {"load_balancing": self.cfg.load_balance_coef * E * (first * probs.mean(0)).sum()}
+        if self.cfg.router_z_coef:
+            aux["router_z"] = self.cfg.router_z_coef * torch.logsumexp(logits, -1).square().mean()
+        return out.view(shape), aux
+
+
+def experts(x, expert_index, gates, fc_weight, fc_bias, proj_weight, proj_bias, impl: str):
+    """The experts through the per-expert loop (CPU) or the grouped Triton kernel (GPU)."""
+    if impl == "triton" or (impl == "auto" and x.is_cuda):
+        from projects.switch_gpt.ops.moe.triton import experts_grouped
+
+        return experts_grouped(x, expert_index, gates, fc_weight, fc_bias, proj_weight, proj_bias)
+    return experts_naive(x, expert_index, gates, fc_weight, fc_bias, proj_weight, proj_bias)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, moe: bool):
+        super().__init__()
+        self.ln1, self.attn = nn.LayerNorm(cfg.d_model), Attention(cfg)
+        self.ln2, self.mlp = nn.LayerNorm(cfg.d_model), (SwitchMLP(cfg) if moe else MLP(cfg))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        if isinstance(self.mlp, SwitchMLP):
+            y, aux = self.mlp(self.ln2(x))
+            return x + y, aux  # a dropped token's y is 0: the residual passes it through
+        return x + self.mlp(self.ln2(x)), {}
+
+
+class Model(nn.Module):
+    stateful = False
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        check(cfg)
+        self.cfg = cfg
+        moe = set(moe_blocks(cfg))
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, i in moe) for i in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.apply(self._init)
+        for block in self.blocks:
+            if isinstance(block.mlp, SwitchMLP):
+                block.mlp.init_weights()
+            else:  # GPT-2: the MLP's residual write is scaled down with depth
+                nn.init.normal_(block.mlp.proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def switch_layers(self) -> dict[str, SwitchMLP]:
+        return {f"block_{i}": b.mlp for i, b in enumerate(self.blocks) if isinstance(b.mlp, SwitchMLP)}
+
+    def forward(self, x, state=None):
+        T = x.shape[1]
+        if T > self.cfg.seq_len:
+            raise ValueError(f"Sequence length {T} exceeds the position table ({self.cfg.seq_len}); "
+                             f"use --seq_len {T} or shorter sequences.")
+        # Token embeddings scaled by sqrt(d_model), as in the official Languini code the paper's numbers come from.
+        h = self.tok_emb(x) * math.sqrt(self.cfg.d_model) + self.pos_emb(torch.arange(T, device=x.device))
+        aux = {}
+        for block in self.blocks:
+            h, block_aux = block(h)
+            for name, value in block_aux.items():  # each MoE layer's losses, summed over layers as in Switch
+                aux[name] = aux[name] + value if name in aux else value
+        return self.head(self.ln_f(h)), None, aux
+
+    def active_parameters(self) -> int:
+        """Parameters a token passes through: all but the experts it is not routed to."""
+        total = sum(p.numel() for p in self.parameters())
+        for layer in self.switch_layers().values():
+            E = layer.cfg.n_experts
+            per_expert = sum(p.numel() for p in (layer.fc_weight, layer.fc_bias, layer.proj_weight,
+                                                  layer.proj_bias)) // E
+            total -= (E - layer.k) * per_expert
+        return total
+
+    def extra_flops(self, seq_len: int) -> int:
+        """Forward FLOPs at batch 1 that DeepSpeed's profiler misses: on the Triton path (GPU) the experts, as
+        the profiler counts the loop's (2 FLOPs per multiply-add, 1 per GELU), for k choices of every token
+        (the nominal count: the overflow of a training batch is not subtracted). The loop (CPU) it sees."""
+        uses_kernel = self.cfg.experts_impl == "triton" or (self.cfg.experts_impl == "auto"
+                                                             and self.head.weight.is_cuda)
+        if not uses_kernel:
+            return 0
+        d, h = self.cfg.d_model, self.cfg.mlp_ratio * self.cfg.d_model
+        return sum(layer.k * seq_len * (4 * d * h + h) for layer in self.switch_layers().values())
+
+    # -- expert load (memory statistics) ----------------------------------------------------------------
+    def reset_memory_stats(self) -> None:
+        """Start counting the expert load of every forward pass in eval mode until the next reset."""
+        for layer in self.switch_layers().values():
+            layer.eval_counts.zero_()
+
+    def memory_stats(self) -> dict:
+        """Per MoE block, the share of token choices per expert and its coefficient of variation (std / mean,
+        0 for a perfectly balanced load) since reset_memory_stats; and the mean CV over blocks."""
+        stats = {name: load_stats(layer.eval_counts) for name, layer in self.switch_layers().items()}
+        return {"expert_load": stats, "mean_cv": sum(s["cv"] for s in stats.values()) / len(stats)}
+
+    def train_metrics(self) -> dict:
+        """Logged in the training rows: the share of token choices dropped for capacity, and the mean CV of the
+        expert load, over the training steps since the last call (then reset)."""
+        layers = self.switch_layers().values()
+        choices = sum(int(layer.train_counts.sum()) for layer in layers)
+        dropped = sum(int(layer.train_dropped) for layer in layers)
+        cv = sum(load_stats(layer.train_counts)["cv"] for layer in layers) / len(layers)
+        for layer in layers:
+            layer.train_counts.zero_()
+            layer.train_dropped.zero_()
+        return {"moe_drop_rate": dropped / choices if choices else 0.0, "moe_load_cv": cv}
+
+
+def load_stats(counts: torch.Tensor) -> dict:
+    counts = counts.double().cpu()
+    total = counts.sum()
+    if total == 0:
+        return {"share": [0.0] * len(counts), "cv": 0.0, "tokens": 0}
+    return {"share": (counts / total).tolist(), "cv": (counts.std(correction=0) / counts.mean()).item(),
+            "tokens": int(total)}

@@ -1,0 +1,157 @@
+"""Every project under projects/ against the model contract (languini/model_contract.py), on its `cpu` config.
+
+Projects are discovered, so a new one is checked without editing this file. What is specific to a project
+(its paper's parameter counts, its kernels) is tested in tests/<project>/.
+"""
+import importlib
+import json
+import math
+
+import pytest
+import torch
+
+from languini import model_contract
+from languini.experiment import CPU_CONFIG, REPO_ROOT
+
+PROJECTS = sorted(path.parent.name for path in (REPO_ROOT / "projects").glob("*/model.py"))
+BATCH, LENGTH = 2, 12
+
+
+def project_params():
+    return [pytest.param(name, id=name) for name in PROJECTS]
+
+
+def load(project):
+    configs = importlib.import_module(f"projects.{project}.configs")
+    return configs, importlib.import_module(f"projects.{project}.model").Model
+
+
+def cpu_model(project, seed=0):
+    configs, model_cls = load(project)
+    torch.manual_seed(seed)
+    return model_cls(configs.get(CPU_CONFIG)).eval()
+
+
+def tokens(model, seed=0, length=LENGTH):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(model.cfg.vocab_size, (BATCH, min(length, model.cfg.seq_len)), generator=generator)
+
+
+def forward(model, x, state=None):
+    """(logits, state, aux) of a forward that returns (logits, state) or (logits, state, aux)."""
+    output = model(x, state)
+    assert isinstance(output, tuple) and len(output) in (2, 3), "forward returns (logits, state[, aux])"
+    return output if len(output) == 3 else (*output, {})
+
+
+def test_every_project_is_found():
+    assert {"gpt", "qlstm", "lram_gpt", "pkm_gpt"} <= set(PROJECTS)
+
+
+@pytest.mark.parametrize("project", project_params())
+def test_project_has_a_cpu_config_and_declares_stateful(project):
+    configs, model_cls = load(project)
+    assert CPU_CONFIG in configs.SIZES and configs.get(CPU_CONFIG) == configs.SIZES[CPU_CONFIG]
+    model_contract.stateful(model_cls)  # raises unless a bool is declared
+    assert isinstance(cpu_model(project), model_contract.LanguageModel)
+    assert (REPO_ROOT / "projects" / project / "train.py").exists()
+
+
+def test_a_model_without_stateful_gets_one_error_naming_the_contract():
+    class Undeclared(torch.nn.Module):
+        pass
+
+    with pytest.raises(model_contract.ContractError, match="stateful = True.*stateful = False.*model_contract.py"):
+        model_contract.stateful(Undeclared)
+
+
+@pytest.mark.parametrize("project", project_params())
+def test_output_shapes_and_aux_losses(project):
+    model = cpu_model(project)
+    x = tokens(model)
+    with torch.no_grad():
+        logits, state, aux = forward(model, x)
+    assert logits.shape == (*x.shape, model.cfg.vocab_size) and torch.isfinite(logits).all()
+    assert (state is None) != model.stateful  # a stateless model returns None, a stateful one its state
+    assert isinstance(aux, dict) and all(torch.is_tensor(v) and v.ndim == 0 for v in aux.values())
+
+
+@pytest.mark.parametrize("project", project_params())
+def test_state_is_carried(project):
+    model = cpu_model(project)
+    first, second = tokens(model, seed=1), tokens(model, seed=2)
+    with torch.no_grad():
+        _, state, _ = forward(model, first)
+        fresh, _, _ = forward(model, second)
+        carried, _, _ = forward(model, second, state)
+    if model.stateful:  # the previous batch of the streams reaches the next one through the state
+        assert (carried - fresh).abs().max() > 1e-3
+    else:
+        assert state is None
+        torch.testing.assert_close(carried, fresh, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("project", project_params())
+def test_causal(project):
+    model = cpu_model(project)
+    x = tokens(model)
+    cut = x.shape[1] // 2
+    changed = x.clone()
+    changed[:, cut:] = (x[:, cut:] + 1) % model.cfg.vocab_size  # every token from `cut` on differs
+    with torch.no_grad():
+        before, _, _ = forward(model, x)
+        after, _, _ = forward(model, changed)
+    # The earlier positions see the same tokens: the same numbers up to the reduction order of the kernels
+    # (fp32, sums over at most a few hundred terms of logits of order 1: 1e-5 is far above that, far below
+    # what one token changes, as the later positions show).
+    torch.testing.assert_close(after[:, :cut], before[:, :cut], rtol=0, atol=1e-5)
+    assert (after[:, cut:] - before[:, cut:]).abs().amax(dim=-1).gt(1e-4).all()
+
+
+@pytest.mark.parametrize("project", project_params())
+def test_optimizer_groups_partition_the_parameters(project):
+    model = cpu_model(project)
+    if not isinstance(model, model_contract.WithOptimizerGroups):
+        pytest.skip(f"{project} trains all its parameters in one group")
+    groups = model.optimizer_groups(1e-3)
+    grouped = [id(p) for g in groups for p in g["params"]]
+    assert sorted(grouped) == sorted(id(p) for p in model.parameters())  # every parameter exactly once
+    assert all(g["lr"] > 0 for g in groups)
+
+
+@pytest.mark.parametrize("project", project_params())
+def test_extra_flops_are_a_count(project):
+    model = cpu_model(project)
+    if not isinstance(model, model_contract.WithExtraFlops):
+        pytest.skip(f"{project}: the profiler sees all its FLOPs")
+    short, long = model.extra_flops(8), model.extra_flops(16)
+    assert isinstance(short, int) and 0 <= short <= long
+
+
+@pytest.mark.parametrize("project", project_params())
+def test_memory_statistics_after_an_eval_forward(project):
+    model = cpu_model(project)
+    if not isinstance(model, model_contract.WithMemoryStats):
+        pytest.skip(f"{project} has no memory statistics")
+    model.reset_memory_stats()
+    with torch.no_grad():
+        forward(model, tokens(model))
+    stats = model.memory_stats()
+    json.dumps(stats)  # goes into results.json as it is
+
+    def leaves(value):
+        if isinstance(value, dict):
+            return [leaf for v in value.values() for leaf in leaves(v)]
+        if isinstance(value, list):
+            return [leaf for v in value for leaf in leaves(v)]
+        return [value]
+    numbers = leaves(stats)
+    assert numbers and all(isinstance(v, (int, float)) and math.isfinite(v) for v in numbers)
+
+
+@pytest.mark.parametrize("project", project_params())
+def test_after_step_hook_has_an_output_layer(project):
+    model = cpu_model(project)
+    if not isinstance(model, model_contract.WithAfterStep):
+        pytest.skip(f"{project} has no after-step hook")
+    assert model_contract.output_head(model) is not None
