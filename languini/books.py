@@ -266,11 +266,12 @@ class TrainBatches:
     """Training batches of one data-parallel rank, as a pure function of the step number.
 
     The global batch has `global_batch_size` streams; rank r of W owns streams r, r+W, ...; its streams are
-    split into `micro_batches` groups of equal size for gradient accumulation.
+    split into `micro_batches` groups of equal size for gradient accumulation. With a `schedule`
+    (languini.stages) the length changes with the step and each stream continues at its running offset.
     """
 
     def __init__(self, books: list[Book], vocab_size: int, global_batch_size: int, seq_len: int,
-                 micro_batches: int = 1, rank: int = 0, world_size: int = 1):
+                 micro_batches: int = 1, rank: int = 0, world_size: int = 1, schedule=None):
         if global_batch_size % world_size:
             raise ValueError(f"batch size {global_batch_size} is not divisible by {world_size} processes")
         local = global_batch_size // world_size
@@ -285,12 +286,15 @@ class TrainBatches:
             raise DataError(f"Only {len(books)} books for {global_batch_size} streams: streams {empty[:5]} are empty. "
                             "Use a smaller --batch_size or more books.")
         self.streams = [Stream([books[i] for i in assignment[s]], vocab_size, repeat=True) for s in self.stream_ids]
-        self.seq_len, self.micro_batches = seq_len, micro_batches
+        self.seq_len, self.micro_batches, self.schedule = seq_len, micro_batches, schedule
 
     def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Inputs and targets of shape (micro_batches, per_micro_batch, seq_len)."""
-        T = self.seq_len
-        seq = np.stack([s.read(step * T, T + 1) for s in self.streams])
+        """Inputs and targets of shape (micro_batches, per_micro_batch, the step's seq_len)."""
+        if self.schedule is None:
+            T, start = self.seq_len, step * self.seq_len
+        else:
+            T, start = self.schedule.seq_len_at(step), self.schedule.offset(step)
+        seq = np.stack([s.read(start, T + 1) for s in self.streams])
         seq = torch.from_numpy(seq).view(self.micro_batches, -1, T + 1)
         return seq[..., :-1], seq[..., 1:]
 

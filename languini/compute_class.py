@@ -8,6 +8,7 @@ the nearest integer: the step counts the authors published with their GPT config
 nearest-rounded, not floored.
 """
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from languini import flops, throughput
+from languini.stages import Schedule, Stage, steps_for_budget
 
 PAPER_COMPUTE_CLASSES = ("6h", "12h", "24h", "48h", "96h")
 DEFAULT_REFERENCE_HARDWARE = "RTX 3090"
@@ -78,6 +80,17 @@ class EvalWork:
 
 
 @dataclass(frozen=True)
+class PlannedStage:
+    """One sequence-length stage of a plan (languini.stages): its length, steps and reference throughput."""
+
+    seq_len: int
+    fraction: float  # of the run's tokens
+    steps: int
+    tokens_per_second: float
+    throughput_row: throughput.ThroughputRow | None  # None when given by --tokens_per_second
+
+
+@dataclass(frozen=True)
 class TrainingPlan:
     """What a compute class buys for one model; derived quantities are properties."""
 
@@ -95,6 +108,14 @@ class TrainingPlan:
     local_devices: int = 1
     evaluation: EvalWork | None = None
     compiled: bool = False
+    stages: tuple[PlannedStage, ...] | None = None  # --stages; then tokens_per_second is their average
+
+    def schedule(self) -> Schedule:
+        """The step-by-step lengths and throughputs the trainer follows."""
+        if self.stages is None:
+            return Schedule.single(self.seq_len, self.steps, self.tokens_per_second)
+        return Schedule(tuple(s.seq_len for s in self.stages), tuple(s.steps for s in self.stages),
+                               tuple(s.tokens_per_second for s in self.stages))
 
     @property
     def throughput_source(self) -> str:
@@ -102,11 +123,11 @@ class TrainingPlan:
 
     @property
     def tokens(self) -> int:
-        return self.steps * self.global_batch_size * self.seq_len
+        return self.schedule().tokens(self.steps, self.global_batch_size)
 
     @property
     def accelerator_seconds(self) -> float:
-        return self.tokens / self.tokens_per_second
+        return self.schedule().accelerator_seconds(self.steps, self.global_batch_size)
 
     @property
     def accelerator_hours(self) -> float:
@@ -127,6 +148,9 @@ class TrainingPlan:
     @property
     def expected_wall_seconds(self) -> float | None:
         """Training wall time on the local devices at their registry throughput (evaluation not included)."""
+        if self.local_row is not None and self.stages is not None:  # then every stage's row is a local one
+            return sum(s.steps * self.global_batch_size * s.seq_len / (s.tokens_per_second * self.local_devices)
+                       for s in self.stages)
         return None if self.local_row is None else self.tokens / self.local_tokens_per_second
 
     def expected_eval_seconds(self, positions: int) -> float | None:
@@ -148,6 +172,7 @@ def plan_training(
     evaluation: EvalWork | None = None,
     compiled: bool = False,
     row: throughput.ThroughputRow | None = None,
+    stage_models: list[tuple[Stage, throughput.ModelSpec, throughput.ThroughputRow | None]] | None = None,
 ) -> TrainingPlan:
     """Plan a run of `model`: throughput from `tokens_per_second` if given, else from `row` (measured for
     this run on the reference hardware), else from the registry row of that very model (throughput.lookup)
@@ -155,7 +180,15 @@ def plan_training(
 
     `registry` defaults to projects/<project>/throughput.csv. Raises
     throughput.ThroughputNotFoundError (naming the measuring command) when no row matches.
+
+    stage_models (--stages): each stage with the model at its length (the model's config at that seq_len) and a
+    row measured for this run or None; each stage's throughput is found as above, and the budget is split as
+    languini.steps_for_budget says.
     """
+    if stage_models is not None:
+        return _plan_stages(model, compute_class, global_batch_size, seq_len, registry, reference_hardware,
+                            tokens_per_second, flops_per_forward, local_hardware, local_devices, evaluation, compiled,
+                            stage_models)
     registry = throughput.registry_path(model.project) if registry is None else Path(registry)
     if tokens_per_second is not None:
         row = None
@@ -190,6 +223,36 @@ def plan_training(
     )
 
 
+def _plan_stages(model, compute_class, global_batch_size, seq_len, registry, reference_hardware, tokens_per_second,
+                 flops_per_forward, local_hardware, local_devices, evaluation, compiled, stage_models) -> TrainingPlan:
+    registry = throughput.registry_path(model.project) if registry is None else Path(registry)
+    rows, rates = [], []
+    for i, (stage, spec, row) in enumerate(stage_models):
+        if tokens_per_second is None and row is None:
+            try:
+                row = throughput.lookup(registry, spec, reference_hardware, compiled)
+            except throughput.ThroughputNotFoundError as error:
+                raise throughput.ThroughputNotFoundError(
+                    f"stage {i + 1} of --stages (seq_len {stage.seq_len}) is charged at its own throughput: "
+                    f"{error}") from None
+        rows.append(None if tokens_per_second is not None else row)
+        rates.append(tokens_per_second if tokens_per_second is not None else row.tokens_per_second)
+    parsed = tuple(stage for stage, _, _ in stage_models)
+    steps = steps_for_budget(parsed, compute_class_seconds(compute_class), rates, global_batch_size)
+    planned = tuple(PlannedStage(s.seq_len, float(s.fraction), n, float(v), r)
+                    for s, n, v, r in zip(parsed, steps, rates, rows))
+    # wall time expected here only when every stage's row was measured on this hardware
+    local = [r for r in rows if r is not None and local_hardware is not None
+             and throughput.hardware_matches(r.hardware, local_hardware)]
+    plan = TrainingPlan(model=model, compute_class=compute_class, reference_hardware=reference_hardware,
+                        tokens_per_second=1.0, throughput_row=rows[-1], global_batch_size=global_batch_size,
+                        seq_len=seq_len, steps=sum(steps), flops_per_forward=flops_per_forward,
+                        local_hardware=local_hardware, local_row=local[-1] if len(local) == len(rows) else None,
+                        local_devices=local_devices, evaluation=evaluation, compiled=compiled, stages=planned)
+    # the run's average reference throughput, so that tokens / tokens_per_second is the plan's accelerator time
+    return dataclasses.replace(plan, tokens_per_second=plan.tokens / plan.accelerator_seconds)
+
+
 def _duration(seconds: float) -> str:
     if seconds < 90:
         return f"{seconds:.0f} s"
@@ -200,6 +263,8 @@ def _duration(seconds: float) -> str:
 
 def _throughput_text(plan: TrainingPlan) -> str:
     row = plan.throughput_row
+    if plan.stages is not None:
+        return f"{plan.tokens_per_second:,.0f} tokens/s on average over the stages (each at its own, below)"
     if row is None:
         return f"{plan.tokens_per_second:,.0f} tokens/s (--tokens_per_second)"
     when = f", {row.date}" if row.date else ""
@@ -220,6 +285,7 @@ def format_plan(plan: TrainingPlan) -> str:
         ("throughput", _throughput_text(plan)),
         ("global batch size", f"{plan.global_batch_size:,}"),
         ("sequence length", f"{plan.seq_len:,}"),
+        *_stage_rows(plan),
         ("steps", f"{plan.steps:,}"),
         ("tokens", f"{plan.tokens:,} ({plan.tokens / 1e9:.3f}B)"),
         ("accelerator hours", f"{plan.accelerator_hours:.3f} ({plan.accelerator_seconds:,.0f} s on {plan.reference_hardware})"),
@@ -233,6 +299,19 @@ def format_plan(plan: TrainingPlan) -> str:
         rows += _wall_time_rows(plan)
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  " + value.replace("\n", "\n" + " " * (width + 2)) for label, value in rows)
+
+
+def _stage_rows(plan: TrainingPlan) -> list[tuple[str, str]]:
+    """One row per stage of --stages: its length, share of the tokens, steps and the throughput it is charged at."""
+    rows = []
+    for i, stage in enumerate(plan.stages or ()):
+        tokens = stage.steps * plan.global_batch_size * stage.seq_len
+        source = ("--tokens_per_second" if stage.throughput_row is None
+                  else f"{stage.throughput_row.source} on {stage.throughput_row.hardware}")
+        rows.append((f"stage {i + 1}", f"{stage.seq_len} tokens x {stage.steps:,} steps = "
+                     f"{tokens:,} tokens ({stage.fraction:.0%}), {tokens / stage.tokens_per_second:,.0f} s at "
+                     f"{stage.tokens_per_second:,.0f} tokens/s ({source})"))
+    return rows
 
 
 def _wall_time_rows(plan: TrainingPlan) -> list[tuple[str, str]]:

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from languini import (compute_class, data_check, default_corpus, evaluation, flops, measure, model_contract,
-                      run_folder, throughput, tokenizer)
+                      run_folder, stages, throughput, tokenizer)
 from languini.books import BooksDataset, DataError
 from languini.evaluation import describe_slow_protocol
 from languini.checkpoint import CheckpointError
@@ -184,11 +184,12 @@ def cpu_row(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainConfig
 
 
 def budget(tcfg: TrainConfig, model: throughput.ModelSpec, model_cls, model_cfg, device: torch.device, ddp: Dist,
-           fwd_flops: float | None, dataset: BooksDataset, stateful: bool, cpu_default: bool, out_dir: str,
-           say) -> tuple[int, float | None, throughput.ThroughputRow | None]:
+           fwd_flops: float | None, dataset: BooksDataset, stateful: bool, cpu_default: bool, out_dir: str, say,
+           staged: tuple | None = None) -> tuple[int, float | None, throughput.ThroughputRow | None, stages.Schedule]:
     """The run's budget from --max_steps or --compute_class: (steps, tokens/s on the reference hardware, the
-    throughput row they came from). Without a row, --max_steps leaves the throughput None (accelerator time
-    unknown); --compute_class prints its plan, and on the CPU path times a model it has no row for."""
+    throughput row they came from, the sequence-length schedule). Without a row, --max_steps leaves the
+    throughput None (accelerator time unknown); --compute_class prints its plan, and on the CPU path times a
+    model it has no row for. `staged`: the parsed --stages, each charged at its own length's throughput."""
     registry, local_hw = throughput.registry_path(model.project), throughput.local_device_name(device)
     row = None
     if tcfg.max_steps is not None:
@@ -200,12 +201,20 @@ def budget(tcfg: TrainConfig, model: throughput.ModelSpec, model_cls, model_cfg,
                 tok_s = row.tokens_per_second
             except throughput.ThroughputNotFoundError:
                 pass  # accelerator time is unknown without a throughput
-        say(f"Training {model.project}/{model.config} for --max_steps {steps} (no compute class).")
+        schedule = stages.schedule_for_steps(tcfg.stages, model_cfg.seq_len, steps, tok_s)
+        if staged:  # each stage at its own throughput, where known
+            rates = [tcfg.tokens_per_second or _stage_rate(registry, model.project, model.config, model_cfg,
+                                                           s.seq_len, tcfg) for s in staged]
+            schedule = dataclasses.replace(schedule, tokens_per_second=tuple(rates))
+        say(f"Training {model.project}/{model.config} for --max_steps {steps} (no compute class)"
+            + (f" in stages: {describe_schedule(schedule)}." if staged else "."))
     elif tcfg.compute_class is not None:
-        def plan_for(row=None):
+        def plan_for(row=None, time_stages=None):
             return compute_class.plan_training(
                 model, tcfg.compute_class, tcfg.batch_size, model_cfg.seq_len, registry, tcfg.reference_hardware,
-                tcfg.tokens_per_second, fwd_flops, local_hw, ddp.world_size, compiled=tcfg.compile, row=row)
+                tcfg.tokens_per_second, fwd_flops, local_hw, ddp.world_size, compiled=tcfg.compile, row=row,
+                stage_models=stage_models(model.project, model.config, model_cfg, staged, time_stages)
+                if staged else None)
 
         try:
             plan = plan_for()
@@ -215,7 +224,15 @@ def budget(tcfg: TrainConfig, model: throughput.ModelSpec, model_cls, model_cfg,
             if not (cpu_default and ddp.world_size == 1 and throughput.hardware_matches(tcfg.reference_hardware,
                                                                                          local_hw)):
                 raise
-            plan = plan_for(cpu_row(model, model_cls, model_cfg, tcfg, out_dir, device, say))
+
+            def time_stage(spec, cfg):  # this CPU's row for a stage's length where the registry has none
+                try:
+                    return throughput.lookup(registry, spec, tcfg.reference_hardware, tcfg.compile)
+                except throughput.ThroughputNotFoundError:
+                    return cpu_row(spec, model_cls, cfg, tcfg, out_dir, device, say)
+
+            plan = (plan_for(time_stages=time_stage) if staged
+                    else plan_for(cpu_row(model, model_cls, model_cfg, tcfg, out_dir, device, say)))
         if ddp.main:
             plan = dataclasses.replace(plan, evaluation=eval_work(dataset, tcfg, model_cfg.seq_len, plan.steps, stateful))
         say(compute_class.format_plan(plan))
@@ -224,10 +241,10 @@ def budget(tcfg: TrainConfig, model: throughput.ModelSpec, model_cls, model_cfg,
                 f"training the toy config '{CPU_CONFIG}', not the paper's {tcfg.compute_class} class on an RTX 3090. "
                 "For a smoke run of a few minutes use --compute_class 2m; to plan the paper's class, name its "
                 "config (--config small --dry_run true) on the book data it is defined for (vocab 16384).")
-        steps, tok_s, row = plan.steps, plan.tokens_per_second, plan.throughput_row
+        steps, tok_s, row, schedule = plan.steps, plan.tokens_per_second, plan.throughput_row, plan.schedule()
     else:
         raise ValueError("Give a budget: --compute_class (e.g. 6h, 24h, 15m, 90s) or --max_steps N.")
-    return steps, tok_s, row
+    return steps, tok_s, row, schedule
 
 
 def budget_of_run(run_dir: Path, steps: int, tok_s: float, row, say) -> tuple:
@@ -243,6 +260,58 @@ def budget_of_run(run_dir: Path, steps: int, tok_s: float, row, say) -> tuple:
     kept = started.get("throughput_row")
     kept_row = throughput.ThroughputRow(**kept) if kept and "project" in kept else None
     return started["steps"], started["tokens_per_second"], kept_row
+
+
+def stage_settings(tcfg: TrainConfig, model_cfg, configs) -> tuple[TrainConfig, tuple | None]:
+    """--stages as the schedule it names (a project's configs.STAGES) and its stages (None without --stages);
+    a clear error for a bad one before any work."""
+    named = getattr(configs, "STAGES", {})
+    if tcfg.stages in named:
+        tcfg = dataclasses.replace(tcfg, stages=named[tcfg.stages])
+    if tcfg.stages is None:
+        return tcfg, None
+    try:
+        return tcfg, stages.parse(tcfg.stages, model_cfg.seq_len)
+    except ValueError as error:
+        names = f" or one of this project's named schedules: {', '.join(named)}" if named else ""
+        raise ValueError(f"{error}{names}") from None
+
+
+def _stage_rate(registry, project: str, config_name: str, model_cfg, seq_len: int, tcfg: TrainConfig):
+    """The reference throughput of the model at a stage's length, or None if the registry has none."""
+    spec = throughput.model_spec(project, config_name, dataclasses.replace(model_cfg, seq_len=seq_len))
+    try:
+        return throughput.lookup(registry, spec, tcfg.reference_hardware, tcfg.compile).tokens_per_second
+    except throughput.ThroughputNotFoundError:
+        return None
+
+
+def stage_models(project: str, config_name: str, model_cfg, staged: tuple, time_stage=None) -> list[tuple]:
+    """Each stage with the model at its length (the config at the stage's seq_len), charged at that model's
+    throughput, and its row from `time_stage(spec, config)` where given (else None: the registry's)."""
+    models = []
+    for stage in staged:
+        cfg = dataclasses.replace(model_cfg, seq_len=stage.seq_len)
+        spec = throughput.model_spec(project, config_name, cfg)
+        models.append((stage, spec, time_stage(spec, cfg) if time_stage else None))
+    return models
+
+
+def describe_schedule(schedule: stages.Schedule) -> str:
+    return ", then ".join(f"{n:,} steps at {length}" for length, n in zip(schedule.seq_lens, schedule.steps))
+
+
+def schedule_of_run(run_dir: Path, schedule: stages.Schedule) -> stages.Schedule:
+    """A resumed staged run keeps the stages it started with (as budget_of_run keeps its budget); `schedule`
+    otherwise."""
+    try:
+        started = json.loads((run_dir / RUN_CONFIG).read_text()).get("stages")
+    except (OSError, ValueError):
+        return schedule
+    if not started:
+        return schedule
+    return stages.Schedule(tuple(s["seq_len"] for s in started), tuple(s["steps"] for s in started),
+                           tuple(s["tokens_per_second"] for s in started))
 
 
 def row_record(row: throughput.ThroughputRow | None, tokens_per_second: float | None) -> dict | None:
@@ -262,6 +331,7 @@ def run_results(trainer: Trainer, rcfg: RunConfig, evals: dict) -> dict:
         "compute_class": tcfg.compute_class, "reference_hardware": tcfg.reference_hardware,
         "tokens_per_second": trainer.tokens_per_second, "global_batch_size": tcfg.batch_size,
         "seq_len": trainer.seq_len, "steps": trainer.step, "tokens_seen": pos["tokens"],
+        **({"stages": trainer.schedule.records(tcfg.batch_size)} if tcfg.stages else {}),
         "accelerator_seconds": pos["accelerator_seconds"],
         "accelerator_hours": pos["accelerator_seconds"] / 3600 if pos["accelerator_seconds"] is not None else None,
         "train_wall_seconds": trainer.train_seconds,
@@ -368,6 +438,7 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     model_over = overrides(args, configs.ModelConfig)
     model_cfg = configs.get(config_name, **model_over)
     check_values(tcfg, model_cfg)
+    tcfg, staged = stage_settings(tcfg, model_cfg, configs)
 
     dataset, model_cfg = load_data(rcfg, model_cfg, "vocab_size" in model_over, say, ddp)
     sp = load_tokenizer(dataset, rcfg, model_cfg.vocab_size)
@@ -380,17 +451,19 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     if ddp.main:
         fwd_flops = flops.forward_flops(model_cls(model_cfg).to(device), model_cfg.seq_len, model_cfg.vocab_size,
                                         device)
-    steps, tok_s, row = budget(tcfg, model, model_cls, model_cfg, device, ddp, fwd_flops, dataset, stateful,
-                               cpu_default, rcfg.out_dir, say)
+    steps, tok_s, row, schedule = budget(tcfg, model, model_cls, model_cfg, device, ddp, fwd_flops, dataset,
+                                         stateful, cpu_default, rcfg.out_dir, say, staged)
     if rcfg.dry_run:
         return None
 
     run_name = rcfg.run_name or (f"{project}_{config_name}_{dataset.name}-{dataset.fingerprint[:8]}"
-                                 f"_{tcfg.compute_class or f'{steps}steps'}_bs{tcfg.batch_size}_seed{tcfg.seed}")
+                                 f"_{tcfg.compute_class or f'{steps}steps'}_bs{tcfg.batch_size}_seed{tcfg.seed}"
+                                 + (f"_stages{tcfg.stages.replace(':', 'x').replace(',', '-')}" if staged else ""))
     run_dir = Path(rcfg.out_dir) / run_name
     resume = run_folder.start_or_continue(run_dir, rcfg.resume, rcfg.overwrite, say, ddp.main)
     if resume and tcfg.compute_class is not None:
         steps, tok_s, row = budget_of_run(run_dir, steps, tok_s, row, say)
+        schedule = schedule_of_run(run_dir, stages.Schedule.single(model_cfg.seq_len, steps, tok_s))
     finished = run_folder.finished_results(run_dir, dataclasses.asdict(model_cfg), steps) if resume else None
     if finished is not None:
         say(f"{run_dir} is finished (results.json of {finished.get('finished')}): nothing left to train or "
@@ -405,12 +478,13 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
                           tcfg=tcfg, dataset=dataset, bytes_per_token=bytes_per_token, run_dir=run_dir,
                           total_steps=steps, tokens_per_second=tok_s, flops_per_forward=fwd_flops,
                           peak_flops=peak.flops_per_second if peak else None, device=device, ddp=ddp,
-                          decode=sp.decode, resume=resume)
+                          decode=sp.decode, resume=resume, schedule=schedule)
     if ddp.main:  # only now: a batch the data cannot fill fails above without leaving an empty run folder
         run_dir.mkdir(parents=True, exist_ok=True)
     config = {"project": project, "config": config_name, "model": dataclasses.asdict(model_cfg),
               "train": run_record(tcfg, rcfg), "steps": steps, "tokens_per_second": tok_s,
-              "throughput_row": row_record(row, tcfg.tokens_per_second)}
+              "throughput_row": row_record(row, tcfg.tokens_per_second),
+              **({"stages": schedule.records(tcfg.batch_size)} if staged else {})}
     if ddp.main:  # what scripts/evaluate.py needs to rebuild the model and its data
         write_json(run_dir / RUN_CONFIG, config)
     log = RunLog(run_dir, config, rcfg.wandb, rcfg.wandb_project, rcfg.tensorboard, enabled=ddp.main,

@@ -88,7 +88,8 @@ class WithAfterStep(Protocol):
 
 
 def stateful(model_cls) -> bool:
-    """The model class's declared `stateful`; one clear error when it has none."""
+    """The declared `stateful` of a model class (or of an instance, which may refine it: a Shortformer without a
+    cache is stateless); one clear error when it has none."""
     value = getattr(model_cls, "stateful", None)
     if not isinstance(value, bool):
         name = getattr(model_cls, "__name__", type(model_cls).__name__)

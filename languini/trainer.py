@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_map
 from tqdm import tqdm
 
-from languini import aux_loss, checkpoint, flops, model_contract
+from languini import aux_loss, checkpoint, flops, model_contract, stages
 from languini.books import SLOW_EVAL_PROTOCOLS, BooksDataset, TrainBatches
 from languini.compute_class import DEFAULT_REFERENCE_HARDWARE
 from languini.evaluation import Evaluator, evaluate_splits
@@ -38,6 +38,9 @@ class TrainConfig:
                                   "the hardware a compute class is measured on (a registry name)")
     tokens_per_second: float | None = arg(None, "throughput on the reference hardware, instead of the registry's")
     max_steps: int | None = arg(None, "train for this many steps instead of a compute class (debugging)")
+    stages: str | None = arg(None, "sequence-length stages, e.g. 128:0.25,512: a quarter of the tokens at 128, the "
+                                   "rest at 512, each charged at its own throughput (None: one stage at seq_len; "
+                                   "a project may name schedules in its configs.STAGES)")
     batch_size: int = arg(16, "global batch: sequences per optimiser step, whatever the processes and accumulation")
     micro_batches: int = arg(1, "gradient-accumulation steps per process")
     lr: float = arg(6e-4, "peak learning rate (memory values get the model's own multiple)")
@@ -192,7 +195,7 @@ class Trainer:
                  dataset: BooksDataset, bytes_per_token: torch.Tensor, run_dir: Path, total_steps: int,
                  tokens_per_second: float | None, flops_per_forward: float | None = None,
                  peak_flops: float | None = None, device: torch.device | None = None, ddp: Dist | None = None,
-                 decode=None, resume: bool = False):
+                 decode=None, resume: bool = False, schedule: stages.Schedule | None = None):
         self.project, self.config_name, self.model_cfg, self.tcfg = project, config_name, model_cfg, tcfg
         self.dataset, self.run_dir, self.total_steps = dataset, run_dir, total_steps
         self.tokens_per_second, self.flops_per_forward, self.peak_flops = tokens_per_second, flops_per_forward, peak_flops
@@ -200,10 +203,12 @@ class Trainer:
         self.ddp = ddp or Dist()
         self.device = device or torch.device("cpu")
         self.seq_len = model_cfg.seq_len
-        self.tokens_per_step = tcfg.batch_size * self.seq_len
+        # the length of each step (without --stages, seq_len throughout) and each stage's reference throughput
+        self.schedule = schedule or stages.schedule_for_steps(tcfg.stages, self.seq_len, total_steps, tokens_per_second)
 
         torch.manual_seed(tcfg.seed)
         self.model = model_cls(model_cfg).to(self.device)
+        self.stateful = model_contract.stateful(self.model)  # an instance may refine its class's (no cache: False)
         self.step_hidden = None  # the output layer's inputs of this step, for an after-step hook; else None
         if isinstance(self.model, model_contract.WithAfterStep):
             self.step_hidden = []
@@ -213,11 +218,11 @@ class Trainer:
             raise ValueError("Row-sparse value gradients are single-process only; use --sparse_values false with DDP.")
         if tcfg.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"--lr_schedule must be one of {', '.join(LR_SCHEDULES)}, not {tcfg.lr_schedule}")
-        schedule, warmup = LR_SCHEDULES[tcfg.lr_schedule], tcfg.warmup_steps
+        lr_factor, warmup = LR_SCHEDULES[tcfg.lr_schedule], tcfg.warmup_steps
         if tcfg.lr_schedule == "warmup_then_cosine":
             warmup = min(warmup, max(total_steps // 10, 1))
         self.schedulers = [torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: schedule(s, total_steps, warmup, tcfg.final_lr_fraction)) for opt in self.optimizers]
+            opt, lambda s: lr_factor(s, total_steps, warmup, tcfg.final_lr_fraction)) for opt in self.optimizers]
         self.autocast, self.scaler, self.precision = precision_for(self.device, tcfg.precision)
 
         self.train_model = self.model
@@ -228,7 +233,7 @@ class Trainer:
             self.train_model = torch.nn.parallel.DistributedDataParallel(self.train_model, device_ids=ids)
 
         self.batches = TrainBatches(dataset.books("train"), model_cfg.vocab_size, tcfg.batch_size, self.seq_len,
-                                    tcfg.micro_batches, self.ddp.rank, self.ddp.world_size)
+                                    tcfg.micro_batches, self.ddp.rank, self.ddp.world_size, self.schedule)
         self.states = [None] * tcfg.micro_batches
         def evaluator(max_batches):
             return Evaluator(bytes_per_token, model_cfg.vocab_size, self.seq_len, self.device, tcfg.eval_batch_size,
@@ -253,8 +258,8 @@ class Trainer:
 
     # -- bookkeeping -------------------------------------------------------------------------------------
     def position(self, step: int) -> dict:
-        tokens = step * self.tokens_per_step
-        seconds = tokens / self.tokens_per_second if self.tokens_per_second else None  # None: throughput unknown
+        tokens = self.schedule.tokens(step, self.tcfg.batch_size)
+        seconds = self.schedule.accelerator_seconds(step, self.tcfg.batch_size)  # None: throughput unknown
         return {"step": step, "tokens": tokens, "accelerator_seconds": seconds}
 
     def state_dict(self) -> dict:
@@ -264,11 +269,14 @@ class Trainer:
                 "scaler": self.scaler.state_dict() if self.scaler else None,
                 "rng": checkpoint.rng_state(), "step": self.step, "states": self.states,
                 "model_config": dataclasses.asdict(self.model_cfg), "total_steps": self.total_steps,
+                "stage_steps": list(zip(self.schedule.seq_lens, self.schedule.steps)),
                 "train_wall_seconds": self.train_seconds, "wall_seconds": dict(self.wall_seconds)}
 
     def load_state_dict(self, ckpt: dict) -> None:
         """Continue from a state_dict() (a checkpoint) of a run with the same model config and budget."""
-        if ckpt["model_config"] != dataclasses.asdict(self.model_cfg) or ckpt["total_steps"] != self.total_steps:
+        stage_steps = [list(s) for s in ckpt.get("stage_steps", zip(self.schedule.seq_lens, self.schedule.steps))]
+        if (ckpt["model_config"] != dataclasses.asdict(self.model_cfg) or ckpt["total_steps"] != self.total_steps
+                or stage_steps != [list(s) for s in zip(self.schedule.seq_lens, self.schedule.steps)]):
             raise ValueError(f"The checkpoint in {self.run_dir} was trained with another model config or budget; "
                              "resume with the same flags or choose another --run_name.")
         if self.ddp.world_size > 1:  # every process carries the states of its own streams
@@ -388,9 +396,11 @@ class Trainer:
                 self.train_seconds += time.perf_counter() - t_mark
                 bar.update(1)
                 if self.step % tcfg.log_every == 0 or self.step == last:
-                    tok_s = (self.step - step_logged) * self.tokens_per_step / (self.train_seconds - seconds_logged)
+                    tokens = self.position(self.step)["tokens"] - self.position(step_logged)["tokens"]
+                    tok_s = tokens / (self.train_seconds - seconds_logged)
                     step_logged, seconds_logged = self.step, self.train_seconds
-                    row = {"event": "train", **self.position(self.step), "loss": loss,
+                    row = {"event": "train", **self.position(self.step),
+                           "seq_len": self.schedule.seq_len_at(self.step - 1), "loss": loss,
                            "lr": self.schedulers[0].get_last_lr()[0], "tokens_per_second_local": tok_s,
                            "train_wall_seconds": self.train_seconds,
                            **{f"aux_{name}": value for name, value in self.aux_losses.items()},
