@@ -23,12 +23,12 @@ minibatch size"), the median of --repeats runs after --warmup runs:
 GPU times come from CUDA events, CPU times from time.perf_counter (CPU kernels are synchronous).
 On CPU the layers run their PyTorch reference paths: use tiny sizes, for a smoke test only.
 
-Writes under --out: memory_layers_<device>_<precision>.txt (the printed report), .csv (one row per layer and size,
-with the device, date, torch and triton versions and the command line) and .png (forward and
-forward+backward time per token against total parameters, log-log, one line per layer and width).
-Then it checks the goals of issues 4 and 14 on the numbers when on a GPU. Every run starts from fresh random
-inputs after an L2 flush (GPU), and each CSV row is written as soon as it is measured. --precision fp32 turns
-TF32 off (the paper's Table 4 conditions).
+Writes under --out memory_layers_<device>_<precision>.csv, one row per layer and size (with the device, date,
+torch and triton versions and the command line), each row as soon as it is measured, so a run cut short keeps
+what it measured. Then it reports that CSV as scripts/report_memory_layers.py does: the tables and the facts the
+goals in projects/lram_gpt/README.md are read against, printed and written to .txt, and the plot (.png).
+Every run starts from fresh random inputs after an L2 flush (GPU). --precision fp32 turns TF32 off (the paper's
+Table 4 conditions).
 
     python scripts/bench_memory_layers.py                                    # all widths, 2^20..2^30 params
     python scripts/bench_memory_layers.py --widths 512,2048 --params 2^20..2^28
@@ -50,7 +50,7 @@ import re
 import shlex
 import statistics
 import sys
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -64,19 +64,16 @@ from projects.lram_gpt.memory import LRAMBlock, theta
 from projects.lram_gpt.ops.lookup.naive import interpolate, torus_query
 from projects.pkm_gpt.pkm import LRAM_PAPER_PKM, ProductKeyMemory
 
-PAPER_REPEATS = 15  # Figure 3: "the median of 15 successive runs"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import report_memory_layers  # noqa: E402  (a sibling script, not a package)
+from report_memory_layers import Measurement  # noqa: E402
+
+PAPER_REPEATS = report_memory_layers.PAPER_REPEATS
 DEFAULT_WIDTHS = "512,768,2048,3072,4096,6144,8192,12288"  # Figure 3's and Table 4's widths, and the model's 768
 DEFAULT_PARAMS = "2^20..2^30"
 TARGET_TOLERANCE_OCTAVES = 0.5  # a memory size counts for a target within a factor sqrt(2) of it
 LEARNING_RATE = 1e-4  # the paper's rate for dense weights; the step time does not depend on it
 
-# The goals (issues 4 and 14): PKM / LRAM forward + backward at two sizes, flatness of the forward over
-# memory sizes, the lookup's share of HBM bandwidth, and LRAM against the dense MLP at the paper's widths.
-PKM_GOALS = ((2**24, 3.0), (2**28, 5.0))  # (total parameters, least PKM / LRAM ratio of forward + backward)
-FLAT_RANGE = (2**16, 2**28)
-FLAT_MAX_RATIO = 1.5  # "nearly flat": slowest / fastest LRAM size in FLAT_RANGE at one width
-HBM_GOAL_FRACTION = 0.6  # LRAM's lookup on the value rows it reads, at the largest memory of a width
-DENSE_GOAL_MAX_WIDTH = 8192  # Table 4 (fp32): LRAM is faster than the dense MLP from width 8192
 L2_FLUSH_BYTES = 256 * 2**20  # more than any GPU's L2 (H100: 50 MiB), written between timed runs
 
 
@@ -210,41 +207,6 @@ def median_per_token(samples, bench):
 
 
 # ---------------------------------------------------------------- measuring one configuration
-
-
-@dataclass
-class Measurement:
-    """One layer at one width and memory size; times are seconds per token, None where not measured."""
-    layer: str
-    width: int
-    memory: str
-    params: int
-    target: int | None = None  # the parameter target this size stands for (memory layers)
-    status: str = "ok"
-    fwd: float | None = None
-    fwd_bwd: float | None = None
-    fwd_bwd_reverse_index: float | None = None
-    step_adam: float | None = None
-    adam: float | None = None  # the optimiser's part of step_adam
-    step_sparse: float | None = None
-    sparse_adam: float | None = None  # SparseAdam + Adam's part of step_sparse
-    lookup: float | None = None  # LRAM's theta alone on precomputed heads (torus query, lookup, scale)
-    lookup_gbps: float | None = None  # the value rows it reads over its time
-    lookup_no_torus: float | None = None  # the lookup alone on precomputed lattice coordinates q
-    lookup_bwd: float | None = None  # theta forward + backward on precomputed heads
-    lookup_bwd_gbps: float | None = None  # rows read twice (forward, backward) and their gradient written
-
-    @property
-    def adam_share(self):
-        return _ratio(self.adam, self.step_adam)
-
-    @property
-    def sparse_adam_share(self):
-        return _ratio(self.sparse_adam, self.step_sparse)
-
-
-def _ratio(part, whole):
-    return None if part is None or whole is None else part / whole
 
 
 def free_memory_bytes(device) -> int | None:
@@ -409,7 +371,7 @@ def run_all(configs, bench, log=print, on_result=lambda m: None) -> list[Measure
     return results
 
 
-# ---------------------------------------------------------------- reporting
+# ---------------------------------------------------------------- the CSV
 
 
 def hbm_spec_gbps(device_name: str) -> float | None:
@@ -418,210 +380,31 @@ def hbm_spec_gbps(device_name: str) -> float | None:
     return spec.hbm_bytes_per_second / 1e9 if spec and spec.hbm_bytes_per_second else None
 
 
-def format_params(n: int) -> str:
-    return f"2^{math.log2(n):.1f}"
-
-
-def format_time(seconds_per_token):
-    if seconds_per_token is None:
-        return "-"
-    us = seconds_per_token * 1e6
-    return f"{us:.0f}" if us >= 1000 else f"{us:.3g}"
-
-
-def format_share(share):
-    return "-" if share is None else f"{100 * share:.0f}%"
-
-
-def aligned(header, rows) -> list[str]:
-    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows)]
-    return ["  ".join(str(c).rjust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows]]
-
-
-def results_table(results, hbm_gbps) -> list[str]:
-    header = ("layer", "width", "memory", "params", "fwd", "fwd+bwd", "fwd+bwd rev-idx", "step Adam", "Adam",
-              "step sparse", "sparse opt", "lookup", "GB/s", "of HBM", "no torus", "lookup+bwd", "GB/s", "status")
-    rows = []
-    for m in results:
-        fraction = "-" if m.lookup_gbps is None else "n/a" if hbm_gbps is None else f"{m.lookup_gbps / hbm_gbps:.2f}"
-        rows.append((m.layer, m.width, m.memory, format_params(m.params), format_time(m.fwd), format_time(m.fwd_bwd),
-                     format_time(m.fwd_bwd_reverse_index), format_time(m.step_adam), format_share(m.adam_share),
-                     format_time(m.step_sparse), format_share(m.sparse_adam_share),
-                     format_time(m.lookup), "-" if m.lookup_gbps is None else f"{m.lookup_gbps:.1f}", fraction,
-                     format_time(m.lookup_no_torus), format_time(m.lookup_bwd),
-                     "-" if m.lookup_bwd_gbps is None else f"{m.lookup_bwd_gbps:.1f}", m.status))
-    return aligned(header, rows)
-
-
-def width_table(results) -> list[str]:
-    """Table 4's layout: forward time per token by width, LRAM over all its measured sizes."""
-    rows = []
-    for width in sorted({m.width for m in results}):
-        dense = [m.fwd for m in results if m.width == width and m.layer == "dense MLP" and m.fwd is not None]
-        lram_times = [m.fwd for m in results if m.width == width and m.layer == "LRAM" and m.fwd is not None]
-        if not dense and not lram_times:
-            continue
-        rows.append((width, format_time(dense[0]) if dense else "-",
-                     format_time(min(lram_times)) if lram_times else "-",
-                     format_time(max(lram_times)) if lram_times else "-", len(lram_times)))
-    return aligned(("width", "dense fwd", "LRAM fwd min", "LRAM fwd max", "LRAM sizes"), rows)
-
-
-def evaluate_goals(results: list[Measurement], hbm_gbps: float | None = None, precision: str = "bf16") -> list[str]:
-    """The goals as a checklist ([x] met, [ ] missed, [?] not judged, [i] a finding, not a goal)."""
-    def measured(layer, width=None, target=None, attribute="fwd"):
-        return [m for m in results if m.layer == layer and (width is None or m.width == width)
-                and getattr(m, attribute) is not None and (target is None or m.target == target)]
-
-    def line(detail_lines, title):
-        verdicts = [ok for ok, _ in detail_lines]
-        mark = "?" if not verdicts else "x" if all(verdicts) else " "
-        details = "; ".join(text for _, text in detail_lines) or "not judged: no width has the numbers it needs"
-        return f"[{mark}] {title}: {details}"
-
-    widths = sorted({m.width for m in results})
-    lines = []
-    for params, speedup in PKM_GOALS:
-        checks = []
-        for width in widths:
-            lram_at, pkm_at = (measured(layer, width, params, "fwd_bwd") for layer in ("LRAM", "PKM"))
-            if lram_at and pkm_at:
-                ratio = pkm_at[0].fwd_bwd / lram_at[0].fwd_bwd
-                checks.append((ratio >= speedup, f"w={width}: PKM/LRAM {ratio:.2f}"))
-        lines.append(line(checks, f"LRAM at least {speedup:g}x faster than PKM at {format_params(params)} "
-                                  f"parameters (forward + backward)"))
-    flatness = []
-    for width in widths:
-        in_range = [m for m in measured("LRAM", width) if FLAT_RANGE[0] <= m.target <= FLAT_RANGE[1]]
-        if len(in_range) >= 2:
-            ratio = max(m.fwd for m in in_range) / min(m.fwd for m in in_range)
-            span = f"{format_params(min(m.params for m in in_range))}..{format_params(max(m.params for m in in_range))}"
-            flatness.append((ratio <= FLAT_MAX_RATIO, f"w={width} ({len(in_range)} sizes, {span}): {ratio:.2f}"))
-    lines.append(line(flatness, f"LRAM nearly flat from {format_params(FLAT_RANGE[0])} to "
-                                f"{format_params(FLAT_RANGE[1])} parameters: slowest/fastest size at a width <= "
-                                f"{FLAT_MAX_RATIO:g} (forward; the range starts where the width's dense weights, "
-                                f"5w^2, allow)"))
-    bandwidth = []
-    for width in widths:
-        with_rows = measured("LRAM", width, attribute="lookup_gbps")
-        if with_rows and hbm_gbps:
-            largest = max(with_rows, key=lambda m: m.params)  # the largest table: its rows come from HBM
-            fraction = largest.lookup_gbps / hbm_gbps
-            bandwidth.append((fraction >= HBM_GOAL_FRACTION, f"w={width} {largest.memory}: {fraction:.2f}"))
-    lines.append(line(bandwidth, f"LRAM's lookup reads its value rows at >= {HBM_GOAL_FRACTION:.0%} of the spec "
-                                 f"HBM bandwidth (largest memory of a width)"))
-    dense_widths = [w for w in widths if measured("dense MLP", w) and measured("LRAM", w)]
-    if precision.startswith("fp32"):
-        judged = [w for w in dense_widths if w <= DENSE_GOAL_MAX_WIDTH][-1:]  # the paper's 8192, or the widest below
-        checks = []
-        for width in judged:
-            dense, slowest = measured("dense MLP", width)[0].fwd, max(m.fwd for m in measured("LRAM", width))
-            checks.append((dense / slowest > 1, f"w={width}: dense/slowest LRAM {dense / slowest:.2f}"))
-        lines.append(line(checks, f"LRAM faster than the fp32 dense MLP (TF32 off) at width {DENSE_GOAL_MAX_WIDTH} "
-                                  f"or the widest measured below it (the paper's Table 4 crossover; forward)"))
-    elif dense_widths:
-        # dense time per token = 16 w^2 / F (two w x 4w matmuls); LRAM's grows as w (w/16 lookups): c w.
-        # They cross at w* = c F / 16, with F and c measured at the widest width.
-        width = dense_widths[-1]
-        dense, lram_fwd = measured("dense MLP", width)[0].fwd, max(m.fwd for m in measured("LRAM", width))
-        flops = 16 * width**2 / dense
-        crossover = lram_fwd / width * flops / 16
-        lines.append(f"[i] {precision} dense MLP against LRAM: at w={width} the dense MLP runs at "
-                     f"{flops / 1e12:.0f} TFLOP/s ({dense * 1e6:.3g} µs per token) and LRAM takes "
-                     f"{lram_fwd * 1e6:.3g} µs per token ({lram_fwd / width * 1e9:.3g} ns per width unit); "
-                     f"LRAM would be faster from w = {lram_fwd / width:.3g} s x {flops:.3g} FLOP/s / 16 = "
-                     f"{crossover:,.0f}")
-    return lines
+format_params = report_memory_layers.format_params
 
 
 class CsvRows:
     """The CSV, one row written (and flushed) per measurement, so a run cut short keeps what it measured."""
-    TIMES = {"fwd", "fwd_bwd", "fwd_bwd_reverse_index", "step_adam", "adam", "step_sparse", "sparse_adam", "lookup",
-             "lookup_no_torus", "lookup_bwd"}
 
     def __init__(self, path, meta: dict, hbm_gbps):
-        self.columns = [f.name for f in fields(Measurement)] + ["adam_share", "sparse_adam_share",
-                                                                 "lookup_hbm_fraction"]
         self.meta, self.hbm_gbps = meta, hbm_gbps
         self.file = open(path, "w", newline="")
         self.writer = csv.writer(self.file)
-        self.writer.writerow(list(meta) + ["hbm_spec_gbps"] + [f"{c}_us_per_token" if c in self.TIMES else c
-                                                               for c in self.columns])
+        self.writer.writerow(report_memory_layers.csv_header())
         self.file.flush()
 
     def write(self, m: Measurement):
-        values = {f.name: getattr(m, f.name) for f in fields(Measurement)}
-        values |= {n: v * 1e6 for n, v in values.items() if n in self.TIMES and v is not None}
-        values |= {"adam_share": m.adam_share, "sparse_adam_share": m.sparse_adam_share,
-                   "lookup_hbm_fraction": None if m.lookup_gbps is None or self.hbm_gbps is None
-                   else m.lookup_gbps / self.hbm_gbps}
-        cells = ["" if values[c] is None else values[c] for c in self.columns]
-        self.writer.writerow(list(self.meta.values()) + [self.hbm_gbps] + cells)
+        self.writer.writerow(report_memory_layers.csv_cells(self.meta, self.hbm_gbps, m))
         self.file.flush()
 
     def close(self):
         self.file.close()
 
 
-def plot(path, results, title):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    widths = sorted({m.width for m in results})
-    colours = {w: plt.cm.viridis(i / max(len(widths) - 1, 1)) for i, w in enumerate(widths)}
-    styles = {"dense MLP": dict(marker="*", markersize=10, linestyle="none"),
-              "LRAM": dict(marker="o", linestyle="-"), "PKM": dict(marker="s", linestyle="--")}
-    figure, axes = plt.subplots(1, 2, figsize=(14, 5.5))
-    for axis, attribute, name in zip(axes, ("fwd", "fwd_bwd"), ("forward", "forward + backward")):
-        for layer, style in styles.items():
-            for width in widths:
-                points = sorted((m.params, getattr(m, attribute)) for m in results
-                                if m.layer == layer and m.width == width and getattr(m, attribute) is not None)
-                if points:
-                    params, seconds = zip(*points)
-                    axis.plot(params, [s * 1e6 for s in seconds], color=colours[width], label=f"{layer} w={width}",
-                              **style)
-        axis.set(xscale="log", yscale="log", xlabel="total parameters of the layer",
-                 ylabel="time per token (µs)", title=name)
-        axis.grid(True, which="both", alpha=0.3)
-    handles, labels = axes[0].get_legend_handles_labels()
-    if handles:
-        figure.legend(handles, labels, loc="center right", fontsize=7)
-    figure.suptitle(title, fontsize=9)
-    figure.tight_layout(rect=(0, 0, 0.85, 1))
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-
-
 # ---------------------------------------------------------------- command line
 
 
-def parse_params(text: str) -> list[int]:
-    """'2^20..2^28' (every power of two between), '2^24', '1000000', or a comma-separated mix."""
-    def number(token):
-        token = token.strip()
-        base, _, exponent = token.partition("^")
-        try:
-            value = int(base) ** int(exponent) if exponent else int(base)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a parameter count: {token!r} (write 2^24 or 16777216)")
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"parameter counts must be positive, got {token!r}")
-        return value
-
-    targets = []
-    for item in text.split(","):
-        low, dots, high = item.partition("..")
-        if not dots:
-            targets.append(number(item))
-            continue
-        low, high = number(low), number(high)
-        if low & (low - 1) or high & (high - 1) or low > high:
-            raise argparse.ArgumentTypeError(f"a range must go from a power of two up to one, got {item!r}")
-        targets += [2**e for e in range(low.bit_length() - 1, high.bit_length())]
-    return sorted(set(targets))
+parse_params = report_memory_layers.parse_params
 
 
 def parse_widths(text: str) -> list[int]:
@@ -700,45 +483,9 @@ def main(argv=None):
     finally:
         rows.close()
 
-    report = [f"# {device_name}, {precision}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}",
-              f"# {meta['command']}",
-              f"# times in µs per token: median of {args.repeats} runs of {args.tokens} tokens after "
-              f"{args.warmup} warm-up runs" + ("" if on_gpu else "; CPU: PyTorch reference paths"),
-              ""]
-    report += results_table(results, hbm_gbps)
-    report += ["", "Forward time per token by width (the layout of the paper's Table 4):"] + width_table(results)
-    report += ["", "Notes:"]
-    if args.repeats < PAPER_REPEATS:
-        report.append(f"- fewer runs than the paper's median of {PAPER_REPEATS}")
-    report.append("- params: the layer's total parameter count; each memory size stands for the --params target "
-                  "within a factor sqrt(2) of it")
-    report += [f"- {note}" for note in unreachable]
-    report.append("- Adam / sparse opt: the optimiser's share of the step (sparse: Adam on the dense weights and "
-                  "SparseAdam on the values)")
-    report.append("- lookup / no torus / lookup+bwd: LRAM's theta alone on precomputed heads, the lookup alone on "
-                  "precomputed lattice coordinates, theta forward + backward (kernel rows, µs per token); GB/s: the "
-                  "value rows gathered (backward: twice, plus their fp32 gradients) over that time")
-    report.append("- lookup GB/s: bytes of the value rows LRAM's theta gathers per run (tokens x heads x topk rows) "
-                  "over the time of theta alone, on precomputed queries")
-    if not on_gpu:
-        report.append("- fwd+bwd rev-idx: the atomic and reverse-index value gradients differ only in the Triton "
-                      "kernels, which the CPU run does not use")
-    if on_gpu and hbm_gbps is None:
-        report.append(f"- of HBM: n/a, no spec bandwidth for {device_name!r}; pass --hbm_gbps")
-    elif on_gpu:
-        report.append(f"- of HBM: lookup GB/s over the spec-sheet bandwidth {hbm_gbps:g} GB/s (not measured); "
-                      "above 1 means the rows came from cache")
-    else:
-        report.append("- of HBM: n/a on CPU")
-    report += ["", "Goals (issues 4 and 14):"]
-    report += (evaluate_goals(results, hbm_gbps, meta["precision"]) if on_gpu
-               else ["not judged: the goals are GPU goals and this ran on CPU"])
-
-    print("\n".join(report))
-    stem.with_suffix(".txt").write_text("\n".join(report) + "\n")
-    plot(stem.with_suffix(".png"), results, f"{device_name}, {precision}, {args.tokens} tokens per run, "
-                                            f"median of {args.repeats}")
-    print(f"wrote {stem}.txt, .csv and .png")
+    print(flush=True)
+    report_memory_layers.write_report(report_memory_layers.read_csv(stem.with_suffix(".csv")), args.out,
+                                      extra_notes=unreachable)
     return results
 
 

@@ -69,7 +69,7 @@ bench_qlstm() {
     python scripts/bench_qlstm.py --steps 3 --warmup 1
 }
 
-bench_memory_layers() {  # precision; widths and targets that judge all three of issue 4's goals
+bench_memory_layers() {  # precision; widths and targets that give every fact the LRAM goals are read against
     python scripts/bench_memory_layers.py --precision "$1" --widths 512,4096 --params 2^20,2^22,2^24,2^26,2^28 \
         --repeats 5 --warmup 2 --out "$OUT"
 }
