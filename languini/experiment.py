@@ -172,11 +172,12 @@ def cpu_row(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainConfig
     precision = precision_for(device, tcfg.precision)[2]
     torch.manual_seed(0)
     timed = measure.measure_batch_size(model_cls(model_cfg).to(device).train(), model_cfg, tcfg.batch_size, device,
-                                       precision, CPU_MEASURE_STEPS, CPU_MEASURE_WARMUP, tcfg.compile)
+                                       tcfg, CPU_MEASURE_STEPS, CPU_MEASURE_WARMUP)  # the steps this run trains
     row = throughput.ThroughputRow(
         model.project, model.config, model.fingerprint, model.flags, throughput.local_device_name(device),
         tcfg.batch_size, model_cfg.seq_len, timed.tokens_per_second, None, precision, tcfg.compile, torch.__version__,
-        datetime.date.today().isoformat(), "measured", "fixed batch size; timed by train.py before its run")
+        datetime.date.today().isoformat(), "measured", f"fixed batch size; timed by train.py before its run (micro_batches {tcfg.micro_batches}, "
+        f"grad_clip {tcfg.grad_clip})")
     throughput.append_row(kept, row)
     say(f"Measured {row.tokens_per_second:,.0f} tokens/s; kept in {throughput.display_path(kept)} for the next runs of "
         f"this model here. Its compute classes are this machine's time.")

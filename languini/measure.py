@@ -1,5 +1,5 @@
 """Timing training steps: the measurement behind a throughput row (scripts/measure_throughput.py, and train.py
-on a machine without a GPU that has no row for its model)."""
+on a machine without a GPU that has no row for its model). The step timed is the trainer's own (TrainStep)."""
 from __future__ import annotations
 
 import gc
@@ -7,13 +7,9 @@ import statistics
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from languini import aux_loss
 from languini.timing import time_calls
-from languini.trainer import build_optimizers, detach, precision_for, step_optimizers
-
-LEARNING_RATE = 6e-4  # the paper's GPT learning rate; the step time does not depend on it
+from languini.trainer import TrainConfig, TrainStep, build_optimizers, build_schedulers, precision_for
 
 
 @dataclass(frozen=True)
@@ -29,50 +25,47 @@ def measure_batch_size(
     model_config,
     batch_size: int,
     device: torch.device,
-    precision: str,
+    tcfg: TrainConfig,
     steps: int,
     warmup: int,
-    compile_model: bool,
 ) -> Measurement:
-    """Median time of `steps` training steps after `warmup` untimed ones; tokens/s None on OOM."""
-    optimizers, _ = build_optimizers(model, LEARNING_RATE, device)  # the trainer's optimisers and step
-    autocast, scaler, _ = precision_for(device, precision)  # the trainer's mixed precision
-    if compile_model:
+    """Median time of `steps` training steps after `warmup` untimed ones; tokens/s None on OOM.
+
+    The steps are Trainer's, with tcfg's optimiser, schedule, precision, compile, gradient clipping and
+    micro-batches (batch_size is the global batch, split into tcfg.micro_batches); tcfg.batch_size is unused.
+    """
+    micro_batches = tcfg.micro_batches
+    if micro_batches < 1 or batch_size % micro_batches:
+        raise ValueError(f"batch size {batch_size} is not divisible into {micro_batches} micro-batches")
+    optimizers, dense_params = build_optimizers(model, tcfg.lr, device)
+    schedulers = build_schedulers(optimizers, tcfg, warmup + steps)
+    autocast, scaler, _ = precision_for(device, tcfg.precision)
+    if tcfg.compile:
         torch._dynamo.reset()  # a fresh graph per batch size; the recompile limit would otherwise fall back to eager
-    forward = torch.compile(model) if compile_model else model
+    train_model = torch.compile(model) if tcfg.compile else model
+    train_step = TrainStep(model, train_model, optimizers, dense_params, schedulers, autocast, scaler, tcfg.grad_clip,
+                           micro_batches, device)
     is_cuda = device.type == "cuda"
     if is_cuda:
         torch.cuda.reset_peak_memory_stats(device)
 
-    def train_step(state):
-        for optimizer in optimizers:
-            optimizer.zero_grad(set_to_none=True)
-        with autocast():
-            logits, state, aux = aux_loss.unpack(forward(inputs, state))
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()) + aux_loss.total(aux)
-        (loss if scaler is None else scaler.scale(loss)).backward()
-        step_optimizers(optimizers, scaler)
-        return detach(state)
-
     durations = []
     try:
-        tokens = torch.randint(model_config.vocab_size, (batch_size, model_config.seq_len + 1), device=device)
-        inputs, targets = tokens[:, :-1], tokens[:, 1:]
-        state = None
-
-        def step():
-            nonlocal state
-            state = train_step(state)
-
-        durations = list(time_calls(step, device, steps, warmup).seconds)
+        shape = (micro_batches, batch_size // micro_batches, model_config.seq_len + 1)
+        tokens = torch.randint(model_config.vocab_size, shape, device=device)
+        inputs, targets = tokens[..., :-1], tokens[..., 1:]
+        states = [None] * micro_batches
+        durations = list(time_calls(lambda: train_step(inputs, targets, states), device, steps, warmup).seconds)
     except RuntimeError as error:  # cuBLAS and compiled graphs report OOM as plain RuntimeErrors
         if not isinstance(error, torch.cuda.OutOfMemoryError) and "out of memory" not in str(error).lower():
             raise
         durations = []
+    finally:
+        train_step.close()
     # Free this batch size's activations, gradients and Adam state before the next one.
     model.zero_grad(set_to_none=True)
-    optimizers = scaler = forward = None
-    state = inputs = targets = tokens = None
+    optimizers = schedulers = scaler = train_model = train_step = dense_params = None
+    states = inputs = targets = tokens = None
     gc.collect()
     if not durations:
         torch.cuda.empty_cache()

@@ -162,6 +162,93 @@ def build_optimizers(model: torch.nn.Module, lr: float, device: torch.device):
     return optimizers, [p for g in dense for p in g["params"]]
 
 
+def build_schedulers(optimizers, tcfg: TrainConfig, total_steps: int) -> list:
+    """One LambdaLR per optimiser following --lr_schedule over `total_steps` steps."""
+    if tcfg.lr_schedule not in LR_SCHEDULES:
+        raise ValueError(f"--lr_schedule must be one of {', '.join(LR_SCHEDULES)}, not {tcfg.lr_schedule}")
+    lr_factor, warmup = LR_SCHEDULES[tcfg.lr_schedule], tcfg.warmup_steps
+    if tcfg.lr_schedule == "warmup_then_cosine":
+        warmup = min(warmup, max(total_steps // 10, 1))
+    return [torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: lr_factor(s, total_steps, warmup, tcfg.final_lr_fraction)) for opt in optimizers]
+
+
+class TrainStep:
+    """One optimiser step over the micro-batches of a batch: the step Trainer trains with and the step
+    languini/measure.py times for a throughput row, so a row is the speed of what trains.
+
+    model: the module itself (its after-step hook); train_model: what runs the forward (compiled, DDP-wrapped).
+    For a model with an after-step hook the output layer's inputs are recorded until close().
+    """
+
+    def __init__(self, model: torch.nn.Module, train_model: torch.nn.Module, optimizers: list, dense_params: list,
+                 schedulers: list, autocast, scaler, grad_clip: float | None, micro_batches: int,
+                 device: torch.device, world_size: int = 1):
+        self.model, self.train_model, self.optimizers, self.dense_params = model, train_model, optimizers, dense_params
+        self.schedulers, self.autocast, self.scaler, self.grad_clip = schedulers, autocast, scaler, grad_clip
+        self.micro_batches, self.device, self.world_size = micro_batches, device, world_size
+        self.hidden = None  # the output layer's inputs of this step, for an after-step hook; else None
+        self._hook = None
+        if isinstance(model, model_contract.WithAfterStep):
+            self.hidden = []
+            self._hook = model_contract.output_head(model).register_forward_hook(self._record_hidden)
+
+    def close(self) -> None:
+        """Stop recording the output layer's inputs (a step built for one measurement)."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook, self.hidden = None, None
+
+    def _record_hidden(self, head, args, output) -> None:
+        if head.training:
+            self.hidden.append(args[0].detach())
+
+    @torch.no_grad()
+    def after_step(self, y: torch.Tensor) -> None:
+        """The model's after-step hook with this step's hidden states and targets (model_contract.WithAfterStep)."""
+        hidden, self.hidden = torch.cat(self.hidden), []
+        self.model.after_step(hidden, y.flatten(0, 1).to(self.device))
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, states: list, after_step=None) -> tuple[float, dict]:
+        """Train on x, y of shape (micro_batches, batch, seq_len), carrying `states` (one per micro-batch, updated
+        in place). Returns the mean language-model loss and the mean auxiliary losses over the global batch
+        (all processes). after_step: what runs the model's after-step hook (default self.after_step)."""
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=self.device)
+        aux_totals = {}
+        M = self.micro_batches
+        for m in range(M):
+            sync = m == M - 1 or self.world_size == 1
+            ctx = contextlib.nullcontext() if sync else self.train_model.no_sync()
+            with ctx:
+                xm, ym = x[m].to(self.device, non_blocking=True), y[m].to(self.device, non_blocking=True)
+                with self.autocast():
+                    logits, state, aux = aux_loss.unpack(self.train_model(xm, states[m]))
+                loss = F.cross_entropy(logits.float().flatten(0, 1), ym.flatten())
+                objective = (loss + aux_loss.total(aux)) / M
+                (self.scaler.scale(objective) if self.scaler else objective).backward()
+            states[m] = detach(state)
+            total += loss.detach() / M
+            for name, value in aux.items():
+                aux_totals[name] = aux_totals.get(name, 0.0) + value.detach().float() / M
+        if self.grad_clip:
+            if self.scaler:
+                self.scaler.unscale_(self.optimizers[0])
+            # The norm covers dense gradients only; row-sparse value gradients are not clipped.
+            torch.nn.utils.clip_grad_norm_(self.dense_params, self.grad_clip)
+        step_optimizers(self.optimizers, self.scaler)
+        for sched in self.schedulers:
+            sched.step()
+        if self.hidden is not None:
+            (after_step or self.after_step)(y)
+        if self.world_size > 1:
+            for value in (total, *aux_totals.values()):
+                dist.all_reduce(value)  # SUM: gloo (CPU) has no AVG
+                value /= self.world_size
+        return total.item(), {name: value.item() for name, value in aux_totals.items()}
+
+
 @dataclass
 class Dist:
     rank: int = 0
@@ -209,20 +296,10 @@ class Trainer:
         torch.manual_seed(tcfg.seed)
         self.model = model_cls(model_cfg).to(self.device)
         self.stateful = model_contract.stateful(self.model)  # an instance may refine its class's (no cache: False)
-        self.step_hidden = None  # the output layer's inputs of this step, for an after-step hook; else None
-        if isinstance(self.model, model_contract.WithAfterStep):
-            self.step_hidden = []
-            model_contract.output_head(self.model).register_forward_hook(self._record_hidden)
         self.optimizers, self.dense_params = build_optimizers(self.model, tcfg.lr, self.device)
         if len(self.optimizers) > 1 and self.ddp.world_size > 1:
             raise ValueError("Row-sparse value gradients are single-process only; use --sparse_values false with DDP.")
-        if tcfg.lr_schedule not in LR_SCHEDULES:
-            raise ValueError(f"--lr_schedule must be one of {', '.join(LR_SCHEDULES)}, not {tcfg.lr_schedule}")
-        lr_factor, warmup = LR_SCHEDULES[tcfg.lr_schedule], tcfg.warmup_steps
-        if tcfg.lr_schedule == "warmup_then_cosine":
-            warmup = min(warmup, max(total_steps // 10, 1))
-        self.schedulers = [torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: lr_factor(s, total_steps, warmup, tcfg.final_lr_fraction)) for opt in self.optimizers]
+        self.schedulers = build_schedulers(self.optimizers, tcfg, total_steps)
         self.autocast, self.scaler, self.precision = precision_for(self.device, tcfg.precision)
 
         self.train_model = self.model
@@ -231,6 +308,9 @@ class Trainer:
         if self.ddp.world_size > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.train_model = torch.nn.parallel.DistributedDataParallel(self.train_model, device_ids=ids)
+        self.step_runner = TrainStep(self.model, self.train_model, self.optimizers, self.dense_params, self.schedulers,
+                                     self.autocast, self.scaler, tcfg.grad_clip, tcfg.micro_batches, self.device,
+                                     self.ddp.world_size)
 
         self.batches = TrainBatches(dataset.books("train"), model_cfg.vocab_size, tcfg.batch_size, self.seq_len,
                                     tcfg.micro_batches, self.ddp.rank, self.ddp.world_size, self.schedule)
@@ -316,55 +396,21 @@ class Trainer:
         self.save(log.rows)
 
     # -- training ----------------------------------------------------------------------------------------
-    def _record_hidden(self, head, args, output) -> None:
-        if head.training:
-            self.step_hidden.append(args[0].detach())
+    @property
+    def step_hidden(self) -> list | None:
+        """The output layer's inputs of this step, for an after-step hook; None for a model without one."""
+        return self.step_runner.hidden
 
-    @torch.no_grad()
     def after_step(self, y: torch.Tensor) -> None:
         """The model's after-step hook with this step's hidden states and targets (model_contract.WithAfterStep)."""
-        hidden, self.step_hidden = torch.cat(self.step_hidden), []
-        self.model.after_step(hidden, y.flatten(0, 1).to(self.device))
+        self.step_runner.after_step(y)
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
         """One optimiser step over the micro-batches; returns the mean language-model loss over the global batch.
         The model's auxiliary losses join the backward but not the returned loss; their means over the global
         batch are left in self.aux_losses."""
-        for opt in self.optimizers:
-            opt.zero_grad(set_to_none=True)
-        total = torch.zeros((), device=self.device)
-        aux_totals = {}
-        M = self.tcfg.micro_batches
-        for m in range(M):
-            sync = m == M - 1 or self.ddp.world_size == 1
-            ctx = contextlib.nullcontext() if sync else self.train_model.no_sync()
-            with ctx:
-                xm, ym = x[m].to(self.device, non_blocking=True), y[m].to(self.device, non_blocking=True)
-                with self.autocast():
-                    logits, state, aux = aux_loss.unpack(self.train_model(xm, self.states[m]))
-                loss = F.cross_entropy(logits.float().flatten(0, 1), ym.flatten())
-                objective = (loss + aux_loss.total(aux)) / M
-                (self.scaler.scale(objective) if self.scaler else objective).backward()
-            self.states[m] = detach(state)
-            total += loss.detach() / M
-            for name, value in aux.items():
-                aux_totals[name] = aux_totals.get(name, 0.0) + value.detach().float() / M
-        if self.tcfg.grad_clip:
-            if self.scaler:
-                self.scaler.unscale_(self.optimizers[0])
-            # The norm covers dense gradients only; row-sparse value gradients are not clipped.
-            torch.nn.utils.clip_grad_norm_(self.dense_params, self.tcfg.grad_clip)
-        step_optimizers(self.optimizers, self.scaler)
-        for sched in self.schedulers:
-            sched.step()
-        if self.step_hidden is not None:
-            self.after_step(y)
-        if self.ddp.world_size > 1:
-            for value in (total, *aux_totals.values()):
-                dist.all_reduce(value)  # SUM: gloo (CPU) has no AVG
-                value /= self.ddp.world_size
-        self.aux_losses = {name: value.item() for name, value in aux_totals.items()}
-        return total.item()
+        loss, self.aux_losses = self.step_runner(x, y, self.states, self.after_step)
+        return loss
 
     def train(self, log, stop: StopSignals | None = None) -> None:
         """Train to the last step (or --stop_at_step); after a stop signal, to the end of the current step."""

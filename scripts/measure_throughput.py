@@ -9,6 +9,8 @@ Takes the model flags of the project's train.py (each overrides that field of th
 row is of the model a run trains; the row records the model's fingerprint and those flags. Times full
 training steps of an untrained model on random tokens (forward, backward, Adam step, mixed precision),
 reports the median tokens/s after warm-up and the peak memory, prints forward FLOPs at batch 1 and MFU.
+The step timed is the trainer's own: --grad_clip and --micro_batches (train.py's flags, with its defaults)
+make it the step of a run that sets them; with micro-batches the sweep grows the micro-batch.
 With --registry the `measured` row is appended to that CSV (projects/<project>/throughput.csv is the one
 training reads); without it the row is printed, to be added by hand once checked.
 
@@ -32,7 +34,7 @@ import torch
 from languini import flops, throughput
 from languini.flags import add_dataclass_flags, overrides, parse_bool
 from languini.measure import Measurement, measure_batch_size
-from languini.trainer import precision_for
+from languini.trainer import TrainConfig, precision_for
 
 MIN_TIMED_STEPS = 10
 
@@ -98,6 +100,11 @@ def format_measurement(m: Measurement) -> str:
     return f"{m.batch_size:>10}  {m.tokens_per_second:>12,.0f}  {m.step_seconds * 1000:>9.1f}  {memory:>9}"
 
 
+def optional_float(text: str) -> float | None:
+    """A float flag where None (as train.py's flags read it) means off."""
+    return None if text.strip().lower() == "none" else float(text)
+
+
 def build_parser(configs=None, first_pass: bool = False) -> argparse.ArgumentParser:
     """The script's flags and, given a project's configs module, its model flags as train.py has them.
 
@@ -118,6 +125,12 @@ def build_parser(configs=None, first_pass: bool = False) -> argparse.ArgumentPar
     parser.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
                         help="auto: bf16 autocast where supported, fp16 + loss scaling on older GPUs, fp32 on CPU")
     parser.add_argument("--compile", type=parse_bool, default=False, help="time the torch.compile'd model (true/false)")
+    parser.add_argument("--grad_clip", type=optional_float,
+                        default=TrainConfig.grad_clip, help="max gradient norm, as train.py's --grad_clip; None "
+                        f"disables clipping (default {TrainConfig.grad_clip})")
+    parser.add_argument("--micro_batches", type=int, default=TrainConfig.micro_batches,
+                        help="gradient-accumulation steps, as train.py's --micro_batches; the batch size is the "
+                             f"global batch (default {TrainConfig.micro_batches})")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--max_batch_size", type=int, default=4096, help="largest batch size the sweep tries")
     parser.add_argument("--derive", metavar="HARDWARE",
@@ -141,6 +154,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--warmup must be at least 1 (the first step allocates and autotunes)")
     if args.batch_size is not None and args.batch_size < 1:
         parser.error("--batch_size must be positive")
+    if args.micro_batches < 1:
+        parser.error("--micro_batches must be at least 1")
+    if args.batch_size is not None and args.batch_size % args.micro_batches:
+        parser.error(f"--batch_size {args.batch_size} is not divisible into {args.micro_batches} micro-batches")
     if (args.derive is None) != (args.baseline is None):
         parser.error("--derive and --baseline go together: --derive 'RTX 3090' --baseline gpt:small")
     if args.baseline is not None and args.baseline.count(":") != 1:
@@ -184,16 +201,22 @@ def measure_model(project: str, config: str, model_overrides: dict, args: argpar
 
     print(f"{spec} on {hardware}: seq_len {seq_len}, {precision}, "
           f"{'compiled' if args.compile else 'eager'}, torch {torch.__version__}; "
+          f"{args.micro_batches} micro-batch{'es' if args.micro_batches > 1 else ''}, grad_clip {args.grad_clip}; "
           f"median of {args.steps} steps after {args.warmup} warm-up steps")
     print(f"{'batch size':>10}  {'tokens/s':>12}  {'step ms':>9}  {'peak GiB':>9}")
 
+    train_config = TrainConfig(precision=precision, compile=args.compile, grad_clip=args.grad_clip,
+                               micro_batches=args.micro_batches)
+
     def measure(batch_size: int) -> Measurement:
-        result = measure_batch_size(model, model_config, batch_size, device, precision, args.steps, args.warmup, args.compile)
+        result = measure_batch_size(model, model_config, batch_size, device, train_config, args.steps, args.warmup)
         print(format_measurement(result), flush=True)
         return result
 
-    if args.sweep:
-        results = sweep_batch_sizes(measure, args.max_batch_size, stop_when_slower=device.type != "cuda")
+    if args.sweep:  # over the micro-batch: the global batch is micro_batches of it
+        micro = args.micro_batches
+        results = sweep_batch_sizes(lambda b: measure(b * micro), args.max_batch_size // micro,
+                                    stop_when_slower=device.type != "cuda")
     else:
         results = [measure(args.batch_size)]
     fitted = [r for r in results if r.tokens_per_second is not None]

@@ -17,6 +17,7 @@ import torch
 import projects
 from languini import throughput as tp
 from languini.flags import add_dataclass_flags, overrides
+from languini.trainer import TrainConfig
 from projects.gpt import configs as gpt_configs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -421,6 +422,22 @@ def test_derived_row_is_the_baselines_published_row_times_the_measured_ratio(toy
     assert tp.lookup(registry, tp.model_spec(toy_project, "cpu"), "NVIDIA GeForce RTX 3090") == derived
     with pytest.raises(SystemExit, match="cannot anchor --derive 'RTX 4090'"):  # the baseline has no row there
         script.main([toy_project, "cpu", "--batch_size", "2", "--derive", "RTX 4090", "--baseline", f"{toy_project}:base"])
+
+
+def test_measure_times_train_py_defaults_or_the_given_clipping_and_micro_batches(toy_project, monkeypatch, capsys):
+    script = load_script("measure_throughput")
+    seen = []
+    monkeypatch.setattr(script, "measure_batch_size", lambda model, cfg, batch_size, device, tcfg, *rest: seen.append(
+        (batch_size, tcfg.grad_clip, tcfg.micro_batches)) or script.Measurement(batch_size, 1.0 * batch_size, 1.0, None))
+    script.main([toy_project, "cpu", "--batch_size", "2", "--steps", "10", "--warmup", "1"])
+    assert seen == [(2, TrainConfig().grad_clip, TrainConfig().micro_batches)]  # what a default run trains
+    seen.clear()
+    script.main([toy_project, "cpu", "--sweep", "--max_batch_size", "8", "--micro_batches", "2", "--grad_clip", "1.0",
+                 "--steps", "10", "--warmup", "1"])
+    assert seen == [(2, 1.0, 2), (4, 1.0, 2), (8, 1.0, 2)]  # the sweep grows the micro-batch
+    with pytest.raises(SystemExit):
+        script.main([toy_project, "cpu", "--batch_size", "3", "--micro_batches", "2"])
+    assert "--batch_size 3 is not divisible into 2 micro-batches" in capsys.readouterr().err
 
 
 def test_sweep_doubles_then_bisects_to_the_largest_batch_that_fits():
