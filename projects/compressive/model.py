@@ -11,6 +11,7 @@ from segment to segment is (memory, compressed memory) per layer.
 import math
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -157,6 +158,7 @@ class Model(nn.Module):
         self.apply(self._init)
         for block in self.blocks:  # GPT-2: the MLP's residual write is scaled down with depth
             nn.init.normal_(block.mlp.proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
+        self.reconstruction_record = None  # (2, layers): summed losses and compressions of eval forwards, once reset
 
     @staticmethod
     def _init(m):
@@ -191,17 +193,41 @@ class Model(nn.Module):
         # token embeddings scaled by sqrt(d_model) as the GPT's; positions enter only through the attention
         h = self.tok_emb(x) * math.sqrt(self.cfg.d_model)
         new_state, losses = [], []
-        for block, (mem, cmem) in zip(self.blocks, state, strict=True):
+        for layer, (block, (mem, cmem)) in enumerate(zip(self.blocks, state, strict=True)):
             out = block(h, torch.cat([cmem, mem], dim=1))
             mem, cmem, loss = self.update_memories(block, h, mem, cmem)
             new_state.append((mem, cmem))
             if loss is not None:
                 losses.append(loss)
+                if not self.training and self.reconstruction_record is not None:
+                    self.record_reconstruction(layer, loss)
             h = out
         aux = {}
         if self.cfg.cmem_len:
             aux["reconstruction"] = torch.stack(losses).sum() if losses else torch.zeros((), device=x.device)
         return self.head(self.ln_f(h)), new_state, aux
+
+    def record_reconstruction(self, layer: int, loss: torch.Tensor) -> None:
+        self.reconstruction_record = self.reconstruction_record.to(loss.device)
+        self.reconstruction_record[0, layer] += loss.detach().double()
+        self.reconstruction_record[1, layer] += 1
+
+    def reset_memory_stats(self) -> None:
+        """Start recording the attention-reconstruction loss of every layer in eval-mode forwards."""
+        self.reconstruction_record = torch.zeros(2, self.cfg.n_layers, dtype=torch.float64)
+
+    def memory_stats(self) -> dict:
+        """Per layer, the mean attention-reconstruction loss of the compressions since reset_memory_stats (the
+        thesis's Figure 6.2; every layer compresses at the same segments, so the list is empty until the first
+        compression), and the number of compressions; over all processes when distributed (every process calls it)."""
+        if self.reconstruction_record is None:
+            raise ValueError("memory_stats() needs reset_memory_stats() and a forward pass first.")
+        totals = self.reconstruction_record.clone()
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(totals)
+        sums, counts = totals.cpu()
+        return {"compressions": int(counts.sum()),
+                "reconstruction_loss_per_layer": (sums / counts).tolist() if counts.min() > 0 else []}
 
     def extra_flops(self, seq_len: int) -> int:
         """Forward FLOPs of one segment of seq_len tokens with full memories that a profile without state misses,

@@ -193,3 +193,19 @@ def test_configs_follow_the_thesis_recipe():
         assert (txl.d_model, txl.n_layers) == (cfg.d_model, cfg.n_layers)
     assert configs.get("txl_cpu").cmem_len == 0
     assert all(c["grad_clip"] == 0.1 for c in configs.COMPUTE_CLASSES.values())
+
+
+def test_memory_stats_average_the_reconstruction_loss_per_layer():
+    model = isolated_model().eval()
+    model.reset_memory_stats()
+    state, losses = None, []
+    with torch.no_grad():
+        for segment in range(3):  # the second and third segments compress
+            _, state, aux = model(torch.randint(50, (2, 4)), state)
+            losses.append(aux["reconstruction"])
+    stats = model.memory_stats()
+    assert stats["compressions"] == 2 * 2  # two segments, two layers
+    per_layer = stats["reconstruction_loss_per_layer"]
+    assert len(per_layer) == 2 and all(v > 0 for v in per_layer)
+    # the aux loss is the sum over layers: the layers' means add up to the mean of the segments' sums
+    assert sum(per_layer) == pytest.approx(float(losses[1] + losses[2]) / 2, rel=1e-5)
