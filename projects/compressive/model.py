@@ -241,7 +241,7 @@ class Model(nn.Module):
         if cfg.cmem_len:
             old, new = T, T // cfg.compression_rate
             compression = (2 * old * d * d  # the convolution: every evicted memory meets c x d weights per output
-                           + 2 * T * d * inner  # queries
+                           + 2 * 2 * T * d * inner  # queries, once per content attention
                            + 2 * (old + new) * d * 2 * inner  # keys and values of old and compressed memories
                            + 2 * 2 * T * (old + new) * inner)  # scores and weighted values
         return cfg.n_layers * (memory + compression)

@@ -209,3 +209,22 @@ def test_memory_stats_average_the_reconstruction_loss_per_layer():
     assert len(per_layer) == 2 and all(v > 0 for v in per_layer)
     # the aux loss is the sum over layers: the layers' means add up to the mean of the segments' sums
     assert sum(per_layer) == pytest.approx(float(losses[1] + losses[2]) / 2, rel=1e-5)
+
+
+@pytest.mark.parametrize("cmem_len", [0, 4])
+def test_extra_flops_are_what_full_memories_add_to_an_empty_state_forward(cmem_len):
+    """torch's FLOP counter (matmuls, einsums, the convolution) on one segment with full memories, minus the same
+    segment with empty memories (which compresses nothing): what the profiler, run with empty memory, misses."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    T = 4
+    model = Model(tiny(seq_len=T, mem_len=4, cmem_len=cmem_len, compression_rate=2)).eval()
+    x = torch.randint(50, (1, T))
+    full = [(torch.randn(1, 4, 16), torch.randn(1, cmem_len, 16)) for _ in model.blocks]
+
+    def count(state):
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(x, state)
+        return counter.get_total_flops()
+
+    assert count(full) - count(None) == model.extra_flops(T)
