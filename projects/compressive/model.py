@@ -204,7 +204,11 @@ class Model(nn.Module):
             h = out
         aux = {}
         if self.cfg.cmem_len:
-            aux["reconstruction"] = torch.stack(losses).sum() if losses else torch.zeros((), device=x.device)
+            if losses:
+                aux["reconstruction"] = torch.stack(losses).sum()
+            else:  # nothing compressed yet (a stream's first segments): an exact zero that still reaches every f_c,
+                # as data parallelism expects a gradient for every parameter in every step
+                aux["reconstruction"] = sum(block.compress.weight.sum() for block in self.blocks) * 0.0
         return self.head(self.ln_f(h)), new_state, aux
 
     def record_reconstruction(self, layer: int, loss: torch.Tensor) -> None:

@@ -228,3 +228,13 @@ def test_extra_flops_are_what_full_memories_add_to_an_empty_state_forward(cmem_l
         return counter.get_total_flops()
 
     assert count(full) - count(None) == model.extra_flops(T)
+
+
+def test_a_segment_that_compresses_nothing_gives_every_compressor_a_zero_gradient():
+    """Data parallelism expects a gradient for every parameter in every step, also before the first compression."""
+    model = isolated_model()
+    _, _, aux = model(torch.randint(50, (2, 4)))  # fills the memory, evicts nothing
+    aux["reconstruction"].backward()
+    assert aux["reconstruction"].item() == 0
+    for name, p in model.named_parameters():
+        assert (p.grad is not None and not p.grad.any()) if name in compressors(model) else p.grad is None, name
