@@ -10,7 +10,10 @@ class ModelConfig:
     seq_len: int = 512  # n_s: tokens per segment (one forward)
     mem_len: int = 512  # n_m: past layer inputs each layer keeps (the Transformer-XL memory)
     cmem_len: int = 512  # n_cm: compressed memories each layer keeps; 0 is a plain Transformer-XL
-    compression_rate: int = 2  # c: kernel and stride of the 1-D convolution f_c
+    compression_rate: int = 2  # c: kernel and stride of f_c
+    # f_c (thesis 6.3.2): conv, a 1-D convolution trained by the attention-reconstruction loss (the thesis's best,
+    # Table 6.8); max or mean, pooling without parameters (the reconstruction loss is then only reported)
+    compression: str = "conv"
     d_model: int = 768
     n_layers: int = 12
     n_heads: int = 12

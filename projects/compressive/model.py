@@ -3,7 +3,7 @@ as the GPT of projects/gpt, in plain PyTorch.
 
 Every layer keeps a FIFO memory of its last n_m inputs (detached) and, for the Compressive Transformer, a second
 FIFO of n_cm compressed memories: the memories pushed out of the first FIFO are compressed by a 1-D convolution
-f_c (kernel = stride = c, no bias) instead of being discarded. Attention reads [compressed memory; memory;
+f_c (kernel = stride = c, no bias; max or mean pooling as options) instead of being discarded. Attention reads [compressed memory; memory;
 segment] with Transformer-XL's relative positions (Dai et al. 2019, section 3.3). f_c is trained only by the
 attention-reconstruction loss (Algorithm 6), returned as the auxiliary loss "reconstruction"; the state carried
 from segment to segment is (memory, compressed memory) per layer.
@@ -16,6 +16,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from projects.compressive.configs import ModelConfig
+
+COMPRESSION = ("conv", "max", "mean")
 
 
 def sinusoids(positions: torch.Tensor, dim: int) -> torch.Tensor:
@@ -113,9 +115,10 @@ class Block(nn.Module):
         super().__init__()
         self.ln1, self.attn = nn.LayerNorm(cfg.d_model), RelativeAttention(cfg)
         self.ln2, self.mlp = nn.LayerNorm(cfg.d_model), MLP(cfg)
-        c = cfg.compression_rate
+        self.compression, self.rate = cfg.compression, cfg.compression_rate
         # f_c: n memories -> floor(n / c) compressed memories (a trailing n mod c are dropped, as the thesis's floor)
-        self.compress = nn.Conv1d(cfg.d_model, cfg.d_model, c, stride=c, bias=False) if cfg.cmem_len else None
+        self.compress = (nn.Conv1d(cfg.d_model, cfg.d_model, self.rate, stride=self.rate, bias=False)
+                         if cfg.cmem_len and cfg.compression == "conv" else None)
 
     def forward(self, x: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
         """x: (B, T, d) the layer input; prefix: (B, P, d) the raw [compressed memory; memory], normalised here with
@@ -125,7 +128,11 @@ class Block(nn.Module):
 
     def compress_memories(self, old: torch.Tensor) -> torch.Tensor:
         """f_c: (B, n, d) evicted memories -> (B, n // c, d) compressed memories."""
-        return self.compress(old.transpose(1, 2)).transpose(1, 2)
+        over_time = old.transpose(1, 2)
+        if self.compress is not None:
+            return self.compress(over_time).transpose(1, 2)
+        pool = F.max_pool1d if self.compression == "max" else F.avg_pool1d
+        return pool(over_time, self.rate, self.rate).transpose(1, 2)
 
     def reconstruction_loss(self, h: torch.Tensor, old: torch.Tensor, compressed: torch.Tensor) -> torch.Tensor:
         """Algorithm 6 for this layer: ||attn(h, old) - attn(h, f_c(old))||^2 (mean over elements), with
@@ -150,6 +157,8 @@ class Model(nn.Module):
             raise ValueError(f"mem_len must be at least 1 and cmem_len at least 0, got {cfg.mem_len}, {cfg.cmem_len}")
         if cfg.cmem_len and cfg.compression_rate < 1:
             raise ValueError(f"compression_rate must be at least 1, got {cfg.compression_rate}")
+        if cfg.compression not in COMPRESSION:
+            raise ValueError(f"compression must be one of {', '.join(COMPRESSION)}, not {cfg.compression!r}")
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
@@ -208,7 +217,8 @@ class Model(nn.Module):
                 aux["reconstruction"] = torch.stack(losses).sum()
             else:  # nothing compressed yet (a stream's first segments): an exact zero that still reaches every f_c,
                 # as data parallelism expects a gradient for every parameter in every step
-                aux["reconstruction"] = sum(block.compress.weight.sum() for block in self.blocks) * 0.0
+                aux["reconstruction"] = sum((block.compress.weight.sum() for block in self.blocks
+                                             if block.compress is not None), torch.zeros((), device=x.device)) * 0.0
         return self.head(self.ln_f(h)), new_state, aux
 
     def record_reconstruction(self, layer: int, loss: torch.Tensor) -> None:
@@ -244,7 +254,7 @@ class Model(nn.Module):
         compression = 0
         if cfg.cmem_len:
             old, new = T, T // cfg.compression_rate
-            compression = (2 * old * d * d  # the convolution: every evicted memory meets c x d weights per output
+            compression = (2 * old * d * d * (cfg.compression == "conv")  # a convolution output: c x d x d weights
                            + 2 * 2 * T * d * inner  # queries, once per content attention
                            + 2 * (old + new) * d * 2 * inner  # keys and values of old and compressed memories
                            + 2 * 2 * T * (old + new) * inner)  # scores and weighted values

@@ -93,7 +93,8 @@ def test_two_segments_with_memory_equal_one_pass_with_the_memory_mask(mem_len, m
     torch.testing.assert_close(streamed, one_pass, rtol=1e-5, atol=1e-5)
 
 
-def test_fifo_bookkeeping_against_a_hand_worked_example():
+@pytest.mark.parametrize("compression", ["conv", "mean", "max"])
+def test_fifo_bookkeeping_against_a_hand_worked_example(compression):
     """n_m = 4, n_cm = 3, c = 2, segments of 3 tokens; f_c set to the mean of each pair, token t's memory is the
     vector t. By hand (Algorithm 5, lines 8-11; floor(n/c) compressed memories, the odd one out dropped):
       segment 1 (1 2 3):    memory 1 2 3,        nothing evicted
@@ -101,13 +102,18 @@ def test_fifo_bookkeeping_against_a_hand_worked_example():
       segment 3 (7 8 9):    memory 6 7 8 9,      evicted 3 4 5 -> 3.5;        compressed 1.5 3.5
       segment 4 (10 11 12): memory 9 10 11 12,   evicted 6 7 8 -> 6.5;        compressed 1.5 3.5 6.5
       segment 5 (13 14 15): memory 12 13 14 15,  evicted 9 10 11 -> 9.5;      compressed 3.5 6.5 9.5 (1.5 out)
+    Max pooling keeps the later of each pair: 2, 4, 7, 10.
     """
-    model = Model(tiny(mem_len=4, cmem_len=3, compression_rate=2))
+    model = Model(tiny(mem_len=4, cmem_len=3, compression_rate=2, compression=compression))
     block = model.blocks[0]
-    with torch.no_grad():
-        block.compress.weight.copy_(0.5 * torch.eye(16)[:, :, None].expand(16, 16, 2))
-    expected = [([1, 2, 3], []), ([3, 4, 5, 6], [1.5]), ([6, 7, 8, 9], [1.5, 3.5]), ([9, 10, 11, 12], [1.5, 3.5, 6.5]),
-                ([12, 13, 14, 15], [3.5, 6.5, 9.5])]
+    if compression == "conv":
+        with torch.no_grad():
+            block.compress.weight.copy_(0.5 * torch.eye(16)[:, :, None].expand(16, 16, 2))
+    else:
+        assert block.compress is None  # pooling has no parameters
+    cm = [2, 4, 7, 10] if compression == "max" else [1.5, 3.5, 6.5, 9.5]
+    expected = [([1, 2, 3], []), ([3, 4, 5, 6], cm[:1]), ([6, 7, 8, 9], cm[:2]), ([9, 10, 11, 12], cm[:3]),
+                ([12, 13, 14, 15], cm[1:])]
     mem = cmem = torch.zeros(1, 0, 16)
     for segment, (want_mem, want_cmem) in enumerate(expected):
         h = torch.arange(3 * segment + 1, 3 * segment + 4, dtype=torch.float32)[None, :, None].expand(1, 3, 16)
@@ -211,14 +217,14 @@ def test_memory_stats_average_the_reconstruction_loss_per_layer():
     assert sum(per_layer) == pytest.approx(float(losses[1] + losses[2]) / 2, rel=1e-5)
 
 
-@pytest.mark.parametrize("cmem_len", [0, 4])
-def test_extra_flops_are_what_full_memories_add_to_an_empty_state_forward(cmem_len):
+@pytest.mark.parametrize("cmem_len,compression", [(0, "conv"), (4, "conv"), (4, "max")])
+def test_extra_flops_are_what_full_memories_add_to_an_empty_state_forward(cmem_len, compression):
     """torch's FLOP counter (matmuls, einsums, the convolution) on one segment with full memories, minus the same
     segment with empty memories (which compresses nothing): what the profiler, run with empty memory, misses."""
     from torch.utils.flop_counter import FlopCounterMode
 
     T = 4
-    model = Model(tiny(seq_len=T, mem_len=4, cmem_len=cmem_len, compression_rate=2)).eval()
+    model = Model(tiny(seq_len=T, mem_len=4, cmem_len=cmem_len, compression_rate=2, compression=compression)).eval()
     x = torch.randint(50, (1, T))
     full = [(torch.randn(1, 4, 16), torch.randn(1, cmem_len, 16)) for _ in model.blocks]
 
@@ -238,3 +244,13 @@ def test_a_segment_that_compresses_nothing_gives_every_compressor_a_zero_gradien
     assert aux["reconstruction"].item() == 0
     for name, p in model.named_parameters():
         assert (p.grad is not None and not p.grad.any()) if name in compressors(model) else p.grad is None, name
+
+
+def test_pooling_compressors_train_with_the_language_model_loss_only():
+    """Max/mean pooling have no parameters: the reconstruction loss is reported but moves nothing."""
+    torch.manual_seed(0)
+    model = Model(tiny(seq_len=4, mem_len=4, cmem_len=4, compression="mean")).train()
+    logits, x, aux = three_segments(model)
+    assert aux["reconstruction"] > 0 and not aux["reconstruction"].requires_grad
+    with pytest.raises(ValueError, match="compression must be one of conv, max, mean"):
+        Model(tiny(compression="most_used"))
