@@ -236,7 +236,7 @@ class Model(nn.Module):
         compression), and the number of compressions; over all processes when distributed (every process calls it)."""
         if self.reconstruction_record is None:
             raise ValueError("memory_stats() needs reset_memory_stats() and a forward pass first.")
-        totals = self.reconstruction_record.clone()
+        totals = self.reconstruction_record.to(self.head.weight.device, copy=True)  # NCCL reduces device tensors
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(totals)
         sums, counts = totals.cpu()
