@@ -3,10 +3,10 @@ as the GPT of projects/gpt, in plain PyTorch.
 
 Every layer keeps a FIFO memory of its last n_m inputs (detached) and, for the Compressive Transformer, a second
 FIFO of n_cm compressed memories: the memories pushed out of the first FIFO are compressed by a 1-D convolution
-f_c (kernel = stride = c, no bias; max or mean pooling as options) instead of being discarded. Attention reads [compressed memory; memory;
-segment] with Transformer-XL's relative positions (Dai et al. 2019, section 3.3). f_c is trained only by the
-attention-reconstruction loss (Algorithm 6), returned as the auxiliary loss "reconstruction"; the state carried
-from segment to segment is (memory, compressed memory) per layer.
+f_c (kernel = stride = c, no bias; max or mean pooling as options) instead of being discarded. Attention reads
+[compressed memory; memory; segment] with Transformer-XL's relative positions (Dai et al. 2019, section 3.3).
+f_c is trained only by the attention-reconstruction loss (Algorithm 6), returned as the auxiliary loss
+"reconstruction"; the state carried from segment to segment is (memory, compressed memory) per layer.
 """
 import math
 
