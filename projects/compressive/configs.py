@@ -1,0 +1,56 @@
+"""Compressive Transformer and Transformer-XL sizes: the GPT's Languini widths and depths (Languini paper, Table 4)
+with the thesis's PG-19 recipe scaled down (Rae, thesis chapter 6.5.1: segment 512, memory and compressed memory
+512, compression rate 2; the Transformer-XL baseline attends over 1024 memories at equal attention cost)."""
+from dataclasses import dataclass, replace
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 16384
+    seq_len: int = 512  # n_s: tokens per segment (one forward)
+    mem_len: int = 512  # n_m: past layer inputs each layer keeps (the Transformer-XL memory)
+    cmem_len: int = 512  # n_cm: compressed memories each layer keeps; 0 is a plain Transformer-XL
+    compression_rate: int = 2  # c: kernel and stride of f_c
+    # f_c (thesis 6.3.2): conv, a 1-D convolution trained by the attention-reconstruction loss (the thesis's best,
+    # Table 6.8); max or mean, pooling without parameters (the reconstruction loss is then only reported)
+    compression: str = "conv"
+    d_model: int = 768
+    n_layers: int = 12
+    n_heads: int = 12
+    d_head: int = 64
+    mlp_ratio: int = 4
+
+
+def _txl(cfg: ModelConfig) -> ModelConfig:
+    """The Transformer-XL baseline of a Compressive Transformer size: no compressed memory, the memory n_m + n_cm."""
+    return replace(cfg, mem_len=cfg.mem_len + cfg.cmem_len, cmem_len=0)
+
+
+_COMPRESSIVE = {
+    "mini": ModelConfig(d_model=512, n_layers=4, n_heads=8, d_head=32),
+    "tiny": ModelConfig(d_model=768, n_layers=4, n_heads=12, d_head=64),
+    "small": ModelConfig(d_model=768, n_layers=12, n_heads=12, d_head=64),
+    "medium": ModelConfig(d_model=1024, n_layers=24, n_heads=16, d_head=64),
+    # Sized for a smoke test on 2 CPU cores with the embedded default corpus (as the GPT's); not a paper config.
+    "cpu": ModelConfig(vocab_size=2048, seq_len=128, mem_len=128, cmem_len=128, d_model=128, n_layers=2,
+                       n_heads=4, d_head=32),
+}
+SIZES = {**_COMPRESSIVE, **{f"txl_{name}": _txl(cfg) for name, cfg in _COMPRESSIVE.items()}}
+
+# As the GPT's Table 6 settings (the best GPT run per class; no published Languini runs of these models), with the
+# thesis's gradient clipping: "We clipped the gradients to have a norm of at most 0.1, which was crucial to
+# successful optimisation" (section 6.5). Pass --grad_clip to change it; runs without a named class (the CPU
+# default, e.g. --compute_class 2m) take the trainer's default instead.
+COMPUTE_CLASSES = {
+    "6h": {"config": "small", "batch_size": 128, "grad_clip": 0.1},
+    "12h": {"config": "small", "batch_size": 128, "grad_clip": 0.1},
+    "24h": {"config": "small", "batch_size": 256, "grad_clip": 0.1},
+    "48h": {"config": "medium", "batch_size": 256, "grad_clip": 0.1},
+    "96h": {"config": "medium", "batch_size": 256, "grad_clip": 0.1},
+}
+
+
+def get(name: str, **overrides) -> ModelConfig:
+    if name not in SIZES:
+        raise ValueError(f"Unknown Compressive Transformer config '{name}'; choose one of {', '.join(SIZES)}.")
+    return replace(SIZES[name], **overrides)

@@ -1,0 +1,261 @@
+"""Transformer-XL and the Compressive Transformer (J. Rae, PhD thesis, chapter 6: Algorithms 5 and 6), pre-LayerNorm
+as the GPT of projects/gpt, in plain PyTorch.
+
+Every layer keeps a FIFO memory of its last n_m inputs (detached) and, for the Compressive Transformer, a second
+FIFO of n_cm compressed memories: the memories pushed out of the first FIFO are compressed by a 1-D convolution
+f_c (kernel = stride = c, no bias; max or mean pooling as options) instead of being discarded. Attention reads
+[compressed memory; memory; segment] with Transformer-XL's relative positions (Dai et al. 2019, section 3.3).
+f_c is trained only by the attention-reconstruction loss (Algorithm 6), returned as the auxiliary loss
+"reconstruction"; the state carried from segment to segment is (memory, compressed memory) per layer.
+"""
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from projects.compressive.configs import ModelConfig
+
+COMPRESSION = ("conv", "max", "mean")
+
+
+def sinusoids(positions: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoidal embeddings (Vaswani et al.) of shape (len(positions), dim): sin in even, cos in odd features."""
+    inv_freq = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim)
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)[:, :dim]
+
+
+def relative_shift(by_distance: torch.Tensor) -> torch.Tensor:
+    """Transformer-XL's relative shift: from scores indexed by (query i, distance column k), where column k holds
+    distance S-1-k, to scores indexed by (query i, key j), i.e. out[..., i, j] = by_distance[..., i, j + T-1-i].
+
+    With P = S - T keys before the segment, query i sits at key position P + i, so key j is at distance P + i - j:
+    column S-1-(P+i-j) = j + T-1-i. Padding a zero column on the left and reading the (T, S+1) block as (S+1, T)
+    shifts row i left by T-1-i once the first T entries are dropped. Entries with j > P + i (future keys, masked
+    by the caller) receive other rows' numbers.
+    """
+    *batch, T, S = by_distance.shape
+    padded = F.pad(by_distance, (1, 0))  # (..., T, S + 1)
+    return padded.view(*batch, S + 1, T)[..., 1:, :].reshape(*batch, T, S)
+
+
+def memory_mask(T: int, P: int, device) -> torch.Tensor:
+    """(T, P + T) booleans, True where query i may read key j: all P memories, and the segment causally."""
+    return torch.ones(T, P + T, dtype=torch.bool, device=device).tril(P)
+
+
+class RelativeAttention(nn.Module):
+    """Multi-head attention over [prefix; segment] with Transformer-XL relative positions."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.d_head = cfg.n_heads, cfg.d_head
+        self.inner = cfg.n_heads * cfg.d_head
+        self.qkv = nn.Linear(cfg.d_model, 3 * self.inner)  # W_q, W_{k,E}, W_v
+        self.pos = nn.Linear(cfg.d_model, self.inner, bias=False)  # W_{k,R}: projects the sinusoids R
+        self.u = nn.Parameter(torch.zeros(cfg.n_heads, cfg.d_head))  # content bias
+        self.v = nn.Parameter(torch.zeros(cfg.n_heads, cfg.d_head))  # position bias
+        self.proj = nn.Linear(self.inner, cfg.d_model)
+
+    def heads(self, t: torch.Tensor) -> torch.Tensor:
+        """(B, L, inner) -> (B, heads, L, d_head)."""
+        return t.view(t.shape[0], t.shape[1], self.n_heads, self.d_head).transpose(1, 2)
+
+    def forward(self, h: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
+        """h: (B, T, d) the normalised segment; prefix: (B, P, d) the normalised [compressed memory; memory], P >= 0.
+
+        score(i, j) = q_i.k_j  (A: content)  + q_i.W_{k,R} R_{i-j}  (B: content-dependent position)
+                    + u.k_j    (C: content bias) + v.W_{k,R} R_{i-j} (D: global position bias),
+        computed as (q_i + u).k_j = A + C and (q_i + v).W_{k,R} R_{i-j} = B + D, the latter for every distance
+        once and moved to its key by the relative shift.
+        """
+        B, T, _ = h.shape
+        P = prefix.shape[1]
+        S = P + T
+        q = self.heads(F.linear(h, self.qkv.weight[:self.inner], self.qkv.bias[:self.inner]))
+        k, v = F.linear(torch.cat([prefix, h], dim=1), self.qkv.weight[self.inner:],
+                        self.qkv.bias[self.inner:]).split(self.inner, dim=-1)
+        k, v = self.heads(k), self.heads(v)
+        # R for distances S-1, ..., 0 (column k holds distance S-1-k), shared by the batch
+        distances = torch.arange(S - 1, -1, -1, device=h.device)
+        r = self.pos(sinusoids(distances, self.pos.in_features).to(self.pos.weight.dtype))
+        r = r.view(S, self.n_heads, self.d_head).transpose(0, 1)  # (heads, S, d_head)
+        a_plus_c = torch.einsum("bhid,bhjd->bhij", q + self.u[:, None], k)
+        b_plus_d = relative_shift(torch.einsum("bhid,hkd->bhik", q + self.v[:, None], r))
+        scores = (a_plus_c + b_plus_d) * self.d_head ** -0.5
+        scores = scores.masked_fill(~memory_mask(T, P, h.device), float("-inf"))
+        y = torch.einsum("bhij,bhjd->bhid", F.softmax(scores, dim=-1), v)
+        return self.proj(y.transpose(1, 2).reshape(B, T, -1))
+
+    def content_attention(self, h: torch.Tensor, memories: torch.Tensor) -> torch.Tensor:
+        """Algorithm 6's attn(h, m): content-only attention of the normalised queries h (B, T, d) over the
+        normalised memories (B, M, d), through detached copies of this layer's projections (no positions, no
+        biases u, v, no output projection), so a loss on it moves nothing of the attention. (B, heads, T, d_head)."""
+        w, b = self.qkv.weight.detach(), self.qkv.bias.detach()
+        q = self.heads(F.linear(h, w[:self.inner], b[:self.inner]))
+        k, v = F.linear(memories, w[self.inner:], b[self.inner:]).split(self.inner, dim=-1)
+        weights = F.softmax(torch.einsum("bhid,bhjd->bhij", q, self.heads(k)) * self.d_head ** -0.5, dim=-1)
+        return torch.einsum("bhij,bhjd->bhid", weights, self.heads(v))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model)
+        self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))  # GPT-2's GELU
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln1, self.attn = nn.LayerNorm(cfg.d_model), RelativeAttention(cfg)
+        self.ln2, self.mlp = nn.LayerNorm(cfg.d_model), MLP(cfg)
+        self.compression, self.rate = cfg.compression, cfg.compression_rate
+        # f_c: n memories -> floor(n / c) compressed memories (a trailing n mod c are dropped, as the thesis's floor)
+        self.compress = (nn.Conv1d(cfg.d_model, cfg.d_model, self.rate, stride=self.rate, bias=False)
+                         if cfg.cmem_len and cfg.compression == "conv" else None)
+
+    def forward(self, x: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
+        """x: (B, T, d) the layer input; prefix: (B, P, d) the raw [compressed memory; memory], normalised here with
+        the current weights like the segment."""
+        x = x + self.attn(self.ln1(x), self.ln1(prefix))
+        return x + self.mlp(self.ln2(x))
+
+    def compress_memories(self, old: torch.Tensor) -> torch.Tensor:
+        """f_c: (B, n, d) evicted memories -> (B, n // c, d) compressed memories."""
+        over_time = old.transpose(1, 2)
+        if self.compress is not None:
+            return self.compress(over_time).transpose(1, 2)
+        pool = F.max_pool1d if self.compression == "max" else F.avg_pool1d
+        return pool(over_time, self.rate, self.rate).transpose(1, 2)
+
+    def reconstruction_loss(self, h: torch.Tensor, old: torch.Tensor, compressed: torch.Tensor) -> torch.Tensor:
+        """Algorithm 6 for this layer: ||attn(h, old) - attn(h, f_c(old))||^2 (mean over elements), with
+        stop-gradients on the segment's inputs h, the old memories and the attention's weights (the LayerNorm's
+        included), so that only f_c, through `compressed`, receives its gradient."""
+        w, b = self.ln1.weight.detach(), self.ln1.bias.detach()
+
+        def norm(t):
+            return F.layer_norm(t, t.shape[-1:], w, b, self.ln1.eps)
+
+        queries = norm(h.detach())
+        target = self.attn.content_attention(queries, norm(old.detach()))
+        return F.mse_loss(self.attn.content_attention(queries, norm(compressed)), target)
+
+
+class Model(nn.Module):
+    stateful = True  # carries (memory, compressed memory) per layer from segment to segment
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.mem_len < 1 or cfg.cmem_len < 0:
+            raise ValueError(f"mem_len must be at least 1 and cmem_len at least 0, got {cfg.mem_len}, {cfg.cmem_len}")
+        if cfg.cmem_len and cfg.compression_rate < 1:
+            raise ValueError(f"compression_rate must be at least 1, got {cfg.compression_rate}")
+        if cfg.compression not in COMPRESSION:
+            raise ValueError(f"compression must be one of {', '.join(COMPRESSION)}, not {cfg.compression!r}")
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.apply(self._init)
+        for block in self.blocks:  # GPT-2: the MLP's residual write is scaled down with depth
+            nn.init.normal_(block.mlp.proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
+        self.reconstruction_record = None  # (2, layers): summed losses and compressions of eval forwards, once reset
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def empty_state(self, x: torch.Tensor) -> list:
+        empty = torch.zeros(x.shape[0], 0, self.cfg.d_model, device=x.device)
+        return [(empty, empty) for _ in self.blocks]
+
+    def update_memories(self, block: Block, h: torch.Tensor, mem: torch.Tensor, cmem: torch.Tensor):
+        """Algorithm 5, lines 8-11: push the segment's layer inputs h into the memory; the oldest that no longer fit
+        in n_m are compressed into the compressed memory (or dropped, without one), which keeps its newest n_cm.
+        Returns (memory, compressed memory, reconstruction loss or None), the memories detached."""
+        pushed = torch.cat([mem, h.detach()], dim=1)
+        evicted = max(0, pushed.shape[1] - self.cfg.mem_len)
+        old, mem = pushed[:, :evicted], pushed[:, evicted:]
+        loss = None
+        if self.cfg.cmem_len and evicted >= self.cfg.compression_rate:
+            compressed = block.compress_memories(old)
+            loss = block.reconstruction_loss(h, old, compressed)
+            cmem = torch.cat([cmem, compressed.detach()], dim=1)[:, -self.cfg.cmem_len:]
+        return mem, cmem, loss
+
+    def forward(self, x, state=None):
+        """x: (B, T) tokens; state: None (empty memories) or, per layer, (memory (B, <= n_m, d), compressed memory
+        (B, <= n_cm, d)). Returns logits (B, T, vocab), the next state, and {"reconstruction": the sum over layers
+        of the attention-reconstruction losses} for a Compressive Transformer ({} for a Transformer-XL)."""
+        state = self.empty_state(x) if state is None else state
+        # token embeddings scaled by sqrt(d_model) as the GPT's; positions enter only through the attention
+        h = self.tok_emb(x) * math.sqrt(self.cfg.d_model)
+        new_state, losses = [], []
+        for layer, (block, (mem, cmem)) in enumerate(zip(self.blocks, state, strict=True)):
+            out = block(h, torch.cat([cmem, mem], dim=1))
+            mem, cmem, loss = self.update_memories(block, h, mem, cmem)
+            new_state.append((mem, cmem))
+            if loss is not None:
+                losses.append(loss)
+                if not self.training and self.reconstruction_record is not None:
+                    self.record_reconstruction(layer, loss)
+            h = out
+        aux = {}
+        if self.cfg.cmem_len:
+            if losses:
+                aux["reconstruction"] = torch.stack(losses).sum()
+            else:  # nothing compressed yet (a stream's first segments): an exact zero that still reaches every f_c,
+                # as data parallelism expects a gradient for every parameter in every step
+                aux["reconstruction"] = sum((block.compress.weight.sum() for block in self.blocks
+                                             if block.compress is not None), torch.zeros((), device=x.device)) * 0.0
+        return self.head(self.ln_f(h)), new_state, aux
+
+    def record_reconstruction(self, layer: int, loss: torch.Tensor) -> None:
+        self.reconstruction_record = self.reconstruction_record.to(loss.device)
+        self.reconstruction_record[0, layer] += loss.detach().double()
+        self.reconstruction_record[1, layer] += 1
+
+    def reset_memory_stats(self) -> None:
+        """Start recording the attention-reconstruction loss of every layer in eval-mode forwards."""
+        self.reconstruction_record = torch.zeros(2, self.cfg.n_layers, dtype=torch.float64)
+
+    def memory_stats(self) -> dict:
+        """Per layer, the mean attention-reconstruction loss of the compressions since reset_memory_stats (the
+        thesis's Figure 6.2; every layer compresses at the same segments, so the list is empty until the first
+        compression), and the number of compressions; over all processes when distributed (every process calls it)."""
+        if self.reconstruction_record is None:
+            raise ValueError("memory_stats() needs reset_memory_stats() and a forward pass first.")
+        totals = self.reconstruction_record.to(self.head.weight.device, copy=True)  # NCCL reduces device tensors
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(totals)
+        sums, counts = totals.cpu()
+        return {"compressions": int(counts.sum()),
+                "reconstruction_loss_per_layer": (sums / counts).tolist() if counts.min() > 0 else []}
+
+    def extra_flops(self, seq_len: int) -> int:
+        """Forward FLOPs of one segment of seq_len tokens with full memories that a profile without state misses,
+        per layer: the key/value and relative-position projections of the n_m + n_cm memories and the segment's
+        attention over them (scores A+C and B+D, weighted values), plus, for a Compressive Transformer, f_c on the
+        seq_len memories evicted per segment and Algorithm 6's two content attentions over them."""
+        cfg, inner = self.cfg, self.cfg.n_heads * self.cfg.d_head
+        d, T, M = cfg.d_model, seq_len, cfg.mem_len + cfg.cmem_len
+        memory = 2 * M * d * 2 * inner + 2 * M * d * inner + 3 * 2 * T * M * inner
+        compression = 0
+        if cfg.cmem_len:
+            old, new = T, T // cfg.compression_rate
+            compression = (2 * old * d * d * (cfg.compression == "conv")  # a convolution output: c x d x d weights
+                           + 2 * 2 * T * d * inner  # queries, once per content attention
+                           + 2 * (old + new) * d * 2 * inner  # keys and values of old and compressed memories
+                           + 2 * 2 * T * (old + new) * inner)  # scores and weighted values
+        return cfg.n_layers * (memory + compression)
