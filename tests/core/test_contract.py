@@ -88,7 +88,8 @@ def test_state_is_carried(project):
         assert (carried - fresh).abs().max() > 1e-3
     else:
         assert state is None
-        torch.testing.assert_close(carried, fresh, rtol=0, atol=0)
+        # fp32 logits of order 1; a state that leaked into the output would move them by far more (see above)
+        torch.testing.assert_close(carried, fresh, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("project", project_params())
