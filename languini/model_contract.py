@@ -3,7 +3,8 @@
 Required: `Model(cfg)`, `forward(x, state) -> (logits, state)` or `(logits, state, aux)`, and the class
 attribute `stateful`. Optional (a model that does not define one gets the default behaviour, at no cost):
 `optimizer_groups`, `extra_flops`, `reset_memory_stats`/`memory_stats`, the after-step hook `after_step`, and
-the class attribute `checkpoint_state_dtype` (see checkpoint_state_dtype below). tests/core/test_contract.py checks every project under projects/ against it.
+the class attribute `checkpoint_state_dtype` (the dtype checkpoints store the carried state in; see
+checkpoint_state_dtype below). tests/core/test_contract.py checks every project under projects/ against it.
 """
 from __future__ import annotations
 
