@@ -24,6 +24,11 @@ class BF16StateModel(Model):
     checkpoint_state_dtype = torch.bfloat16
 
 
+class ExactStateModel(Model):
+    """The Compressive Transformer with its memories stored as they are (whatever the project's Model declares)."""
+    checkpoint_state_dtype = None
+
+
 def nested_states(seed=0):
     """Per micro-batch: None (no state yet), or per layer (fp32 memory, fp64 compressed memory) and an int step
     counter; sizes large enough that the file's fixed overhead is small."""
@@ -76,7 +81,7 @@ def test_a_checkpoint_state_dtype_that_is_no_floating_dtype_names_the_contract(v
 
     with pytest.raises(model_contract.ContractError, match="floating torch dtype.*model_contract.py"):
         model_contract.checkpoint_state_dtype(Declared)
-    assert model_contract.checkpoint_state_dtype(Model) is None  # the default: as they are
+    assert model_contract.checkpoint_state_dtype(torch.nn.Module) is None  # the default: as they are
 
 
 def losses(run_dir):
@@ -100,7 +105,8 @@ def test_compressive_memories_resume_rounded_to_bf16(default_corpus_root, tmp_pa
     monkeypatch.setattr(RecordingTrainer, "resumed_states", [])
     common = TINY + ["--data_root", str(default_corpus_root)]
     whole = tmp_path / "whole" / "r"
-    main("compressive", configs, Model, common + ["--out_dir", str(tmp_path / "whole"), "--checkpoint_every", "2"])
+    main("compressive", configs, ExactStateModel, common + ["--out_dir", str(tmp_path / "whole"),
+                                                            "--checkpoint_every", "2"])
     before = torch.load(whole / "checkpoint_previous.pt", weights_only=False)  # the fp32 memories of step 2
     assert before["step"] == 2 and before["state_dtypes"] is None
 
@@ -135,7 +141,8 @@ def test_compressive_memories_resume_rounded_to_bf16(default_corpus_root, tmp_pa
 
 def test_compressive_without_the_attribute_resumes_bit_exactly(default_corpus_root, tmp_path):
     common = TINY + ["--data_root", str(default_corpus_root), "--eval_every", "2"]
-    main("compressive", configs, Model, common + ["--out_dir", str(tmp_path / "whole")])
-    main("compressive", configs, Model, common + ["--out_dir", str(tmp_path / "split"), "--stop_at_step", "3"])
-    main("compressive", configs, Model, common + ["--out_dir", str(tmp_path / "split"), "--resume", "true"])
+    main("compressive", configs, ExactStateModel, common + ["--out_dir", str(tmp_path / "whole")])
+    split = common + ["--out_dir", str(tmp_path / "split")]
+    main("compressive", configs, ExactStateModel, split + ["--stop_at_step", "3"])
+    main("compressive", configs, ExactStateModel, split + ["--resume", "true"])
     assert losses(tmp_path / "split" / "r") == losses(tmp_path / "whole" / "r")
