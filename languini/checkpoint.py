@@ -1,7 +1,9 @@
 """Checkpoints that survive a crash: flushed to disk before an atomic rename, with the previous one kept.
 
 A run folder holds `checkpoint.pt` (the latest) and `checkpoint_previous.pt` (the one before); data-parallel
-runs also hold each process's recurrent states, `states_rank<r>.pt` and `states_rank<r>_previous.pt`.
+runs also hold each process's recurrent states, `states_rank<r>.pt` and `states_rank<r>_previous.pt`. A model may
+store its carried states in a smaller floating dtype (model_contract.checkpoint_state_dtype): pack_states casts
+them for saving and records their dtypes, unpack_states casts them back on loading.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from languini.atomic_write import fsync_dir, write_atomically  # noqa: F401  (checkpoint.write_atomically)
 from languini.memory_layers import check_renamed
@@ -109,10 +113,40 @@ def load(run_dir: Path, device: torch.device, warn: Callable[[str], None] = prin
                           "--run_name.")
 
 
-def save_rank_states(run_dir: Path, rank: int, step: int, states, keep_previous: bool = True) -> Path:
-    """The recurrent states of one data-parallel process's streams (each process owns other streams)."""
-    return _save_keeping_previous({"step": step, "states": states}, run_dir / f"states_rank{rank}.pt",
-                                  keep_previous)
+def _floating(leaf) -> bool:
+    return torch.is_tensor(leaf) and leaf.is_floating_point()
+
+
+def pack_states(states, dtype: torch.dtype | None) -> tuple:
+    """The carried states as a checkpoint stores them: (states with every floating tensor cast to dtype, the
+    dtypes to restore, one per leaf of the nested lists/tuples/dicts, None for a leaf left as it is). dtype None:
+    (states as they are, None), so they resume bit-exactly. Integer tensors and None entries are never cast."""
+    if dtype is None:
+        return states, None
+    leaves, spec = tree_flatten(states)
+    dtypes = [leaf.dtype if _floating(leaf) else None for leaf in leaves]
+    return tree_unflatten([leaf.to(dtype) if _floating(leaf) else leaf for leaf in leaves], spec), dtypes
+
+
+def unpack_states(states, dtypes: list | None):
+    """The states pack_states stored, each floating tensor back in its dtype in memory (its values rounded)."""
+    if dtypes is None:
+        return states
+    leaves, spec = tree_flatten(states)
+    if len(leaves) != len(dtypes):
+        raise CheckpointError(f"The checkpoint's carried states have {len(leaves)} entries but record the dtypes of "
+                              f"{len(dtypes)}: the file is not one this code wrote. Train the run again with "
+                              "--overwrite true.")
+    return tree_unflatten([leaf if dtype is None else leaf.to(dtype) for leaf, dtype in zip(leaves, dtypes)], spec)
+
+
+def save_rank_states(run_dir: Path, rank: int, step: int, states, keep_previous: bool = True,
+                     dtype: torch.dtype | None = None) -> Path:
+    """The recurrent states of one data-parallel process's streams (each process owns other streams), their
+    floating tensors stored in dtype (None: as they are)."""
+    packed, dtypes = pack_states(states, dtype)
+    return _save_keeping_previous({"step": step, "states": packed, "state_dtypes": dtypes},
+                                  run_dir / f"states_rank{rank}.pt", keep_previous)
 
 
 def load_rank_states(run_dir: Path, rank: int, step: int, device: torch.device):
@@ -122,7 +156,7 @@ def load_rank_states(run_dir: Path, rank: int, step: int, device: torch.device):
     for candidate in (path, previous_path(path)):
         saved, why_not = _problem(candidate, device)
         if saved is not None and saved["step"] == step:
-            return saved["states"]
+            return unpack_states(saved["states"], saved.get("state_dtypes"))
         found.append(why_not or f"{candidate.name} holds step {saved['step']}")
     raise CheckpointError(f"No recurrent states of process {rank} for step {step} in {run_dir} ({'; '.join(found)}): "
                           "resume with as many processes as the run was started with, or train it again with "

@@ -29,6 +29,7 @@ from languini.trainer import (Dist, NonFiniteLoss, Trainer, TrainConfig, eval_ev
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO_ROOT / "data"
 CPU_CONFIG = "cpu"
+CPU_SUFFIX = "_cpu"  # configs named cpu or <anything>_cpu are sized for a CPU: without a GPU, timed on it
 CPU_MEASURE_STEPS, CPU_MEASURE_WARMUP = 10, 2  # timing a model on this CPU when the registry has no row for it
 RUN_CONFIG = "config.json"
 
@@ -63,12 +64,20 @@ def build_parser(project: str, configs) -> argparse.ArgumentParser:
         description=f"Train and evaluate a {project} model for a compute class.")
     parser.add_argument("--config", default=None,
                         help=f"model size, one of {', '.join(configs.SIZES)} (default: the compute class's, "
-                             f"or '{CPU_CONFIG}' on a machine without a GPU)")
+                             f"or '{CPU_CONFIG}' on a machine without a GPU, where '{CPU_CONFIG}' and configs named "
+                             f"*{CPU_SUFFIX} are timed on this CPU)")
     add_dataclass_flags(parser, TrainConfig, "training")
     add_dataclass_flags(parser, RunConfig, "data, run folder and logging")
     add_dataclass_flags(parser, configs.ModelConfig, "model (each overrides that field of --config)",
                         show_defaults=False)
     return parser
+
+
+def cpu_sized(config_name: str | None) -> bool:
+    """Whether a --config is sized for a CPU (None: the default there, 'cpu'): 'cpu' or a name ending in '_cpu'.
+    On a machine without a GPU such a config takes the CPU path: reference hardware 'cpu', no compute class's
+    GPU config or batch, and a model without a throughput row is timed on this CPU."""
+    return config_name is None or config_name == CPU_CONFIG or config_name.endswith(CPU_SUFFIX)
 
 
 def data_search_roots() -> list[Path]:
@@ -185,12 +194,13 @@ def cpu_row(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainConfig
 
 
 def budget(tcfg: TrainConfig, model: throughput.ModelSpec, model_cls, model_cfg, device: torch.device, ddp: Dist,
-           fwd_flops: float | None, dataset: BooksDataset, stateful: bool, cpu_default: bool, out_dir: str, say,
+           fwd_flops: float | None, dataset: BooksDataset, stateful: bool, cpu_path: bool, out_dir: str, say,
            staged: tuple | None = None) -> tuple[int, float | None, throughput.ThroughputRow | None, stages.Schedule]:
     """The run's budget from --max_steps or --compute_class: (steps, tokens/s on the reference hardware, the
     throughput row they came from, the sequence-length schedule). Without a row, --max_steps leaves the
-    throughput None (accelerator time unknown); --compute_class prints its plan, and on the CPU path times a
-    model it has no row for. `staged`: the parsed --stages, each charged at its own length's throughput."""
+    throughput None (accelerator time unknown); --compute_class prints its plan, and on the CPU path (a CPU-sized
+    config without a GPU, cpu_sized) times a model it has no row for. `staged`: the parsed --stages, each charged
+    at its own length's throughput."""
     registry, local_hw = throughput.registry_path(model.project), throughput.local_device_name(device)
     row = None
     if tcfg.max_steps is not None:
@@ -219,11 +229,16 @@ def budget(tcfg: TrainConfig, model: throughput.ModelSpec, model_cls, model_cfg,
 
         try:
             plan = plan_for()
-        except throughput.ThroughputNotFoundError:
+        except throughput.ThroughputNotFoundError as error:
             # The CPU path's reference is this machine: a model it has no row for (another vocabulary, other
             # flags) is timed here. Processes would time it differently, so not under torchrun.
-            if not (cpu_default and ddp.world_size == 1 and throughput.hardware_matches(tcfg.reference_hardware,
-                                                                                         local_hw)):
+            if not (cpu_path and ddp.world_size == 1 and throughput.hardware_matches(tcfg.reference_hardware,
+                                                                                      local_hw)):
+                if device.type == "cpu" and not cpu_path:
+                    raise throughput.ThroughputNotFoundError(
+                        f"{error}\nWithout a GPU only a CPU-sized config ('{CPU_CONFIG}' or a name ending in "
+                        f"'{CPU_SUFFIX}') is timed on this CPU; '{model.config}' is planned against the registry."
+                    ) from None
                 raise
 
             def time_stage(spec, cfg):  # this CPU's row for a stage's length where the registry has none
@@ -237,9 +252,9 @@ def budget(tcfg: TrainConfig, model: throughput.ModelSpec, model_cls, model_cfg,
         if ddp.main:
             plan = dataclasses.replace(plan, evaluation=eval_work(dataset, tcfg, model_cfg.seq_len, plan.steps, stateful))
         say(compute_class.format_plan(plan))
-        if cpu_default and tcfg.compute_class in compute_class.PAPER_COMPUTE_CLASSES:
+        if cpu_path and tcfg.compute_class in compute_class.PAPER_COMPUTE_CLASSES:
             say(f"Note: without a GPU, --compute_class {tcfg.compute_class} means {tcfg.compute_class} of this CPU "
-                f"training the toy config '{CPU_CONFIG}', not the paper's {tcfg.compute_class} class on an RTX 3090. "
+                f"training the toy config '{model.config}', not the paper's {tcfg.compute_class} class on an RTX 3090. "
                 "For a smoke run of a few minutes use --compute_class 2m; to plan the paper's class, name its "
                 "config (--config small --dry_run true) on the book data it is defined for (vocab 16384).")
         steps, tok_s, row, schedule = plan.steps, plan.tokens_per_second, plan.throughput_row, plan.schedule()
@@ -426,11 +441,16 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     class_defaults = dict(configs.COMPUTE_CLASSES.get(cc, {})) if cc else {}
     config_name = args.config or class_defaults.pop("config", None)
     class_defaults.pop("config", None)
-    cpu_default = args.config is None and device.type == "cpu"
-    if cpu_default:
-        config_name, class_defaults = CPU_CONFIG, {}
+    cpu_path = device.type == "cpu" and cpu_sized(args.config)
+    if cpu_path:  # this CPU is the reference: a compute class's GPU config and batch do not apply
+        config_name, class_defaults = args.config or CPU_CONFIG, {}
         train_over.setdefault("reference_hardware", "cpu")
-        say(f"No GPU: using the CPU-sized config '{CPU_CONFIG}' with reference hardware 'cpu' (pass --config to choose).")
+        if args.config is None:
+            say(f"No GPU: using the CPU-sized config '{CPU_CONFIG}' with reference hardware 'cpu' (pass --config to "
+                "choose).")
+        else:
+            say(f"No GPU: '{config_name}' is a CPU-sized config (named '{CPU_CONFIG}' or '*{CPU_SUFFIX}'), with "
+                f"reference hardware '{train_over['reference_hardware']}'.")
     config_name = config_name or "small"
     tcfg = TrainConfig(**{**class_defaults, **train_over})
     rcfg = RunConfig(**overrides(args, RunConfig))
@@ -453,7 +473,7 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
         fwd_flops = flops.forward_flops(model_cls(model_cfg).to(device), model_cfg.seq_len, model_cfg.vocab_size,
                                         device)
     steps, tok_s, row, schedule = budget(tcfg, model, model_cls, model_cfg, device, ddp, fwd_flops, dataset,
-                                         stateful, cpu_default, rcfg.out_dir, say, staged)
+                                         stateful, cpu_path, rcfg.out_dir, say, staged)
     if rcfg.dry_run:
         return None
 

@@ -2,8 +2,9 @@
 
 Required: `Model(cfg)`, `forward(x, state) -> (logits, state)` or `(logits, state, aux)`, and the class
 attribute `stateful`. Optional (a model that does not define one gets the default behaviour, at no cost):
-`optimizer_groups`, `extra_flops`, `reset_memory_stats`/`memory_stats`, and the after-step hook `after_step`.
-tests/core/test_contract.py checks every project under projects/ against it.
+`optimizer_groups`, `extra_flops`, `reset_memory_stats`/`memory_stats`, the after-step hook `after_step`, and
+the class attribute `checkpoint_state_dtype` (the dtype checkpoints store the carried state in; see
+checkpoint_state_dtype below). tests/core/test_contract.py checks every project under projects/ against it.
 """
 from __future__ import annotations
 
@@ -95,6 +96,20 @@ def stateful(model_cls) -> bool:
         name = getattr(model_cls, "__name__", type(model_cls).__name__)
         raise ContractError(f"{name} must declare the class attribute `stateful = True` (it carries a state from batch "
                         f"to batch) or `stateful = False` (it returns None as its state): see {CONTRACT}.")
+    return value
+
+
+def checkpoint_state_dtype(model) -> torch.dtype | None:
+    """The floating dtype a model's carried states are stored in by checkpoints: its attribute
+    `checkpoint_state_dtype` (e.g. torch.bfloat16 for memories of many gigabytes), or None, the default, which
+    stores them as they are. The trainer casts every floating tensor of the state (nested lists, tuples and dicts
+    of tensors, None entries allowed; integer tensors untouched) to it when saving and back to its dtype in memory
+    when loading, so a resumed run continues with its states rounded to that dtype: not bit-exactly."""
+    value = getattr(model, "checkpoint_state_dtype", None)
+    if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
+        name = getattr(model, "__name__", type(model).__name__)
+        raise ContractError(f"{name}.checkpoint_state_dtype must be a floating torch dtype (torch.bfloat16) or None "
+                            f"(store the carried states as they are), not {value!r}: see {CONTRACT}.")
     return value
 
 

@@ -296,6 +296,7 @@ class Trainer:
         torch.manual_seed(tcfg.seed)
         self.model = model_cls(model_cfg).to(self.device)
         self.stateful = model_contract.stateful(self.model)  # an instance may refine its class's (no cache: False)
+        self.checkpoint_state_dtype = model_contract.checkpoint_state_dtype(self.model)
         self.optimizers, self.dense_params = build_optimizers(self.model, tcfg.lr, self.device)
         if len(self.optimizers) > 1 and self.ddp.world_size > 1:
             raise ValueError("Row-sparse value gradients are single-process only; use --sparse_values false with DDP.")
@@ -343,11 +344,13 @@ class Trainer:
         return {"step": step, "tokens": tokens, "accelerator_seconds": seconds}
 
     def state_dict(self) -> dict:
-        """Everything an exact resume needs: model, optimisers, schedules, RNGs, the carried states, the clocks."""
+        """Everything an exact resume needs: model, optimisers, schedules, RNGs, the carried states, the clocks.
+        The states are stored in the model's checkpoint_state_dtype, if it has one (then the resume is not exact)."""
+        states, state_dtypes = checkpoint.pack_states(self.states, self.checkpoint_state_dtype)
         return {"model": self.model.state_dict(), "optimizers": [o.state_dict() for o in self.optimizers],
                 "schedulers": [s.state_dict() for s in self.schedulers],
                 "scaler": self.scaler.state_dict() if self.scaler else None,
-                "rng": checkpoint.rng_state(), "step": self.step, "states": self.states,
+                "rng": checkpoint.rng_state(), "step": self.step, "states": states, "state_dtypes": state_dtypes,
                 "model_config": dataclasses.asdict(self.model_cfg), "total_steps": self.total_steps,
                 "stage_steps": list(zip(self.schedule.seq_lens, self.schedule.steps)),
                 "train_wall_seconds": self.train_seconds, "wall_seconds": dict(self.wall_seconds)}
@@ -360,7 +363,9 @@ class Trainer:
             raise ValueError(f"The checkpoint in {self.run_dir} was trained with another model config or budget; "
                              "resume with the same flags or choose another --run_name.")
         if self.ddp.world_size > 1:  # every process carries the states of its own streams
-            ckpt["states"] = checkpoint.load_rank_states(self.run_dir, self.ddp.rank, ckpt["step"], self.device)
+            states = checkpoint.load_rank_states(self.run_dir, self.ddp.rank, ckpt["step"], self.device)
+        else:
+            states = checkpoint.unpack_states(ckpt["states"], ckpt.get("state_dtypes"))
         self.model.load_state_dict(ckpt["model"])
         for opt, state in zip(self.optimizers, ckpt["optimizers"], strict=True):
             opt.load_state_dict(state)
@@ -369,7 +374,7 @@ class Trainer:
         if self.scaler and ckpt["scaler"]:
             self.scaler.load_state_dict(ckpt["scaler"])
         checkpoint.set_rng_state(ckpt["rng"])
-        self.step, self.states, self.log_rows = ckpt["step"], ckpt["states"], ckpt.get("log_rows")
+        self.step, self.states, self.log_rows = ckpt["step"], states, ckpt.get("log_rows")
         self.train_seconds = ckpt.get("train_wall_seconds", 0.0)
         self.wall_seconds.update(ckpt.get("wall_seconds", {}))
 
@@ -385,7 +390,8 @@ class Trainer:
         self._account_wall("training")  # the checkpoint holds the time spent until now
         keep = self.keep_previous_checkpoint
         if self.ddp.world_size > 1:
-            checkpoint.save_rank_states(self.run_dir, self.ddp.rank, self.step, self.states, keep)
+            checkpoint.save_rank_states(self.run_dir, self.ddp.rank, self.step, self.states, keep,
+                                        self.checkpoint_state_dtype)
             dist.barrier()  # the main checkpoint only once every process has its states on disk
         if self.ddp.main:
             checkpoint.save(self.run_dir, {**self.state_dict(), "log_rows": log_rows}, keep)

@@ -9,8 +9,9 @@ import math
 
 import pytest
 import torch
+from torch.utils._pytree import tree_flatten
 
-from languini import model_contract
+from languini import checkpoint, model_contract
 from languini.experiment import CPU_CONFIG, REPO_ROOT
 
 PROJECTS = sorted(path.parent.name for path in (REPO_ROOT / "projects").glob("*/model.py"))
@@ -156,3 +157,26 @@ def test_after_step_hook_has_an_output_layer(project):
     if not isinstance(model, model_contract.WithAfterStep):
         pytest.skip(f"{project} has no after-step hook")
     assert model_contract.output_head(model) is not None
+
+
+@pytest.mark.parametrize("project", project_params())
+def test_states_stored_in_a_smaller_dtype_come_back_rounded(project):
+    model = cpu_model(project)
+    dtype = model_contract.checkpoint_state_dtype(model)  # raises unless None or a floating dtype
+    if dtype is None:
+        pytest.skip(f"{project} stores its states in checkpoints as they are")
+    assert model.stateful, "only a carried state is stored in checkpoints"
+    with torch.no_grad():
+        _, state, _ = forward(model, tokens(model))
+    leaves = tree_flatten(state)[0]
+    # the trainer casts the tensors it finds in nested lists, tuples and dicts: a tensor inside another object
+    # would be stored as it is
+    assert all(leaf is None or torch.is_tensor(leaf) for leaf in leaves)
+    packed, dtypes = checkpoint.pack_states(state, dtype)
+    restored = tree_flatten(checkpoint.unpack_states(packed, dtypes))[0]
+    for got, original in zip(restored, leaves, strict=True):
+        if torch.is_tensor(original) and original.is_floating_point():
+            assert got.dtype == original.dtype and torch.equal(got, original.to(dtype).to(original.dtype))
+    with torch.no_grad():  # the model continues from the restored state
+        logits, _, _ = forward(model, tokens(model, seed=1), checkpoint.unpack_states(packed, dtypes))
+    assert torch.isfinite(logits).all()

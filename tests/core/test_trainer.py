@@ -249,8 +249,9 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(default_corpus
     (["--data_root", "/nonexistent"], "prepare_books.py"),
     (["--vocab_size", "4096"], "books_2048: pass the matching --vocab_size"),
     ([], "--compute_class .* or --max_steps"),
-    # The model flags of TINY change the cpu config: its cpu row is not used, and the command measures TINY.
-    (["--compute_class", "1h", "--reference_hardware", "cpu"],
+    # The model flags of TINY change the cpu config: the command measures TINY. (On a CPU the cpu config is timed
+    # here when the reference is this CPU; another reference is refused as on a GPU.)
+    (["--compute_class", "1h", "--reference_hardware", "RTX 3090"],
      "measure_throughput.py gpt cpu --seq_len 32 --d_model 32 --n_layers 1 --n_heads 2 --d_head 16 --sweep"),
     (["--compute_class", "6 hours"], "not understood"),
     (["--max_steps", "1", "--batch_size", "5", "--micro_batches", "2"], "not divisible into 2 micro-batches"),
@@ -355,6 +356,45 @@ def test_cpu_path_times_a_model_with_another_vocabulary_instead_of_reusing_a_row
     assert timed == [16384] and "24,004 tokens/s (measured on cpu, 2026-11-22)" in capsys.readouterr().out
     main("gpt", configs, Model, default_corpus)
     assert timed == [16384, 2048] and "No throughput row for gpt cpu (model" in capsys.readouterr().out
+
+
+def test_a_config_named_cpu_is_timed_on_this_cpu_and_a_paper_config_is_not(default_corpus_root, tmp_path,
+                                                                           monkeypatch, capsys):
+    """Without a GPU, a CPU-sized config given with --config ('cpu' or '<name>_cpu', here the Compressive project's
+    Transformer-XL txl_cpu) takes the CPU path as the default does: reference 'cpu', none of the compute class's
+    GPU settings, timed once and its row kept in <out_dir>/throughput.csv. A paper config plans against the
+    registry and is refused without a row, as before."""
+    from projects.compressive import configs as compressive_configs
+    from projects.compressive.model import Model as Compressive
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    timed = []
+
+    def measure(model, cfg, batch, device, tcfg, *rest):
+        timed.append((cfg.mem_len, batch, tcfg.grad_clip))
+        return Measurement(batch, 4096.0, 0.5, None)
+
+    monkeypatch.setattr(experiment.measure, "measure_batch_size", measure)
+    out_dir = tmp_path / "runs"
+    argv = ["--compute_class", "6h", "--dry_run", "true", "--data_root", str(default_corpus_root), "--out_dir",
+            str(out_dir)]
+    main("compressive", compressive_configs, Compressive, argv + ["--config", "txl_cpu"])
+    out = capsys.readouterr().out
+    # 6h's settings (config small, batch 128, grad_clip 0.1) are for a GPU: the trainer's defaults (batch 16)
+    assert timed == [(256, 16, None)] and "kept in" in out
+    [row] = throughput.read_registry(out_dir / "throughput.csv")
+    spec = throughput.model_spec("compressive", "txl_cpu", compressive_configs.get("txl_cpu"))
+    assert (row.config, row.model_fingerprint, row.hardware, row.batch_size) == ("txl_cpu", spec.fingerprint, "cpu", 16)
+    assert "4,096 tokens/s (measured on cpu, " in out
+    assert "steps                    43,200\n" in out  # 6 x 3,600 s x 4,096 tokens/s / (16 x 128 tokens)
+    assert "means 6h of this CPU training the toy config 'txl_cpu'" in out
+    main("compressive", compressive_configs, Compressive, argv + ["--config", "txl_cpu"])  # the row is kept
+    assert len(timed) == 1 and "steps                    43,200\n" in capsys.readouterr().out
+
+    with pytest.raises(SystemExit, match=r"(?s)no throughput for compressive small.*'small' is planned against the "
+                                         r"registry") as refused:
+        main("compressive", compressive_configs, Compressive, argv + ["--config", "small"])
+    assert "only a CPU-sized config ('cpu' or a name ending in '_cpu')" in str(refused.value)
+    assert len(timed) == 1 and len(throughput.read_registry(out_dir / "throughput.csv")) == 1
 
 
 def test_run_records_its_throughput_row_and_evaluation_time(default_corpus_root, tmp_path, monkeypatch):
