@@ -92,7 +92,8 @@ def record(project):
             value = bound.arguments.get(name, parameter.default)
             # a None pointer (an unused buffer) is specialised as a constant, as the JIT does
             if "constexpr" in str(parameter.annotation) or value is None:
-                signature[name], constants[name] = "constexpr", value
+                # UPCAST is the interpreter's bf16 workaround (load bf16, compute in fp32): off on a GPU
+                signature[name], constants[name] = "constexpr", False if name == "UPCAST" else value
                 continue
             signature[name], divisible = _argument_type(value)
             if divisible:

@@ -14,6 +14,9 @@ class ModelConfig:
     # f_c (thesis 6.3.2): conv, a 1-D convolution trained by the attention-reconstruction loss (the thesis's best,
     # Table 6.8); max or mean, pooling without parameters (the reconstruction loss is then only reported)
     compression: str = "conv"
+    # the attention over [compressed; memory; segment] (ops/rel_attention): auto, the Triton kernel on GPU and the
+    # reference on CPU; naive, the reference (materialises (T, S) scores); triton; flex, FlexAttention (no CPU backward)
+    attention_impl: str = "auto"
     d_model: int = 768
     n_layers: int = 12
     n_heads: int = 12

@@ -16,8 +16,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from projects.compressive.configs import ModelConfig
+from projects.compressive.ops.rel_attention.naive import memory_mask, relative_attention_naive
 
 COMPRESSION = ("conv", "max", "mean")
+ATTENTION_IMPL = ("auto", "naive", "triton", "flex")
+
+
+def attention_impl(impl: str, on_gpu: bool) -> str:
+    """auto: the Triton kernel on GPU, the reference on CPU (where FlexAttention has no backward)."""
+    return ("triton" if on_gpu else "naive") if impl == "auto" else impl
 
 
 def sinusoids(positions: torch.Tensor, dim: int) -> torch.Tensor:
@@ -27,31 +34,12 @@ def sinusoids(positions: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)[:, :dim]
 
 
-def relative_shift(by_distance: torch.Tensor) -> torch.Tensor:
-    """Transformer-XL's relative shift: from scores indexed by (query i, distance column k), where column k holds
-    distance S-1-k, to scores indexed by (query i, key j), i.e. out[..., i, j] = by_distance[..., i, j + T-1-i].
-
-    With P = S - T keys before the segment, query i sits at key position P + i, so key j is at distance P + i - j:
-    column S-1-(P+i-j) = j + T-1-i. Padding a zero column on the left and reading the (T, S+1) block as (S+1, T)
-    shifts row i left by T-1-i once the first T entries are dropped. Entries with j > P + i (future keys, masked
-    by the caller) receive other rows' numbers.
-    """
-    *batch, T, S = by_distance.shape
-    padded = F.pad(by_distance, (1, 0))  # (..., T, S + 1)
-    return padded.view(*batch, S + 1, T)[..., 1:, :].reshape(*batch, T, S)
-
-
-def memory_mask(T: int, P: int, device) -> torch.Tensor:
-    """(T, P + T) booleans, True where query i may read key j: all P memories, and the segment causally."""
-    return torch.ones(T, P + T, dtype=torch.bool, device=device).tril(P)
-
-
 class RelativeAttention(nn.Module):
     """Multi-head attention over [prefix; segment] with Transformer-XL relative positions."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_heads, self.d_head = cfg.n_heads, cfg.d_head
+        self.n_heads, self.d_head, self.impl = cfg.n_heads, cfg.d_head, cfg.attention_impl
         self.inner = cfg.n_heads * cfg.d_head
         self.qkv = nn.Linear(cfg.d_model, 3 * self.inner)  # W_q, W_{k,E}, W_v
         self.pos = nn.Linear(cfg.d_model, self.inner, bias=False)  # W_{k,R}: projects the sinusoids R
@@ -68,26 +56,36 @@ class RelativeAttention(nn.Module):
 
         score(i, j) = q_i.k_j  (A: content)  + q_i.W_{k,R} R_{i-j}  (B: content-dependent position)
                     + u.k_j    (C: content bias) + v.W_{k,R} R_{i-j} (D: global position bias),
-        computed as (q_i + u).k_j = A + C and (q_i + v).W_{k,R} R_{i-j} = B + D, the latter for every distance
-        once and moved to its key by the relative shift.
+        through ops/rel_attention: the reference (naive.py, the four terms one by one, moved to their keys by the
+        relative shift), the Triton kernel (triton.py) or FlexAttention (flex.py), as `impl` says.
         """
         B, T, _ = h.shape
-        P = prefix.shape[1]
-        S = P + T
+        S = prefix.shape[1] + T
         q = self.heads(F.linear(h, self.qkv.weight[:self.inner], self.qkv.bias[:self.inner]))
         k, v = F.linear(torch.cat([prefix, h], dim=1), self.qkv.weight[self.inner:],
                         self.qkv.bias[self.inner:]).split(self.inner, dim=-1)
         k, v = self.heads(k), self.heads(v)
-        # R for distances S-1, ..., 0 (column k holds distance S-1-k), shared by the batch
-        distances = torch.arange(S - 1, -1, -1, device=h.device)
-        r = self.pos(sinusoids(distances, self.pos.in_features).to(self.pos.weight.dtype))
+        # W_{k,R} R_delta for the distances delta = 0 .. S-1, shared by the batch
+        r = self.pos(sinusoids(torch.arange(S, device=h.device), self.pos.in_features).to(self.pos.weight.dtype))
         r = r.view(S, self.n_heads, self.d_head).transpose(0, 1)  # (heads, S, d_head)
-        a_plus_c = torch.einsum("bhid,bhjd->bhij", q + self.u[:, None], k)
-        b_plus_d = relative_shift(torch.einsum("bhid,hkd->bhik", q + self.v[:, None], r))
-        scores = (a_plus_c + b_plus_d) * self.d_head ** -0.5
-        scores = scores.masked_fill(~memory_mask(T, P, h.device), float("-inf"))
-        y = torch.einsum("bhij,bhjd->bhid", F.softmax(scores, dim=-1), v)
+        impl = attention_impl(self.impl, h.is_cuda)
+        if impl == "naive":
+            y = relative_attention_naive(q, k, v, r, self.u, self.v, self.d_head ** -0.5,
+                                         memory_mask(T, S - T, h.device))
+        elif impl == "triton":
+            from projects.compressive.ops.rel_attention.triton import relative_attention_triton
+
+            y = relative_attention_triton(q, k, v, r, self.u, self.v, self.d_head ** -0.5)
+        else:
+            from projects.compressive.ops.rel_attention.flex import relative_attention_flex
+
+            y = relative_attention_flex(q, k, v, r, self.u, self.v, self.d_head ** -0.5)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
+
+    def core_flops(self, T: int, S: int) -> int:
+        """FLOPs of the reference's attention core for T queries over S keys, as a profiler counts its einsums:
+        the scores A and B (T x S dot products each), C and D (S each), the weighted values (T x S)."""
+        return 3 * 2 * T * S * self.inner + 2 * 2 * S * self.inner
 
     def content_attention(self, h: torch.Tensor, memories: torch.Tensor) -> torch.Tensor:
         """Algorithm 6's attn(h, m): content-only attention of the normalised queries h (B, T, d) over the
@@ -159,6 +157,8 @@ class Model(nn.Module):
             raise ValueError(f"compression_rate must be at least 1, got {cfg.compression_rate}")
         if cfg.compression not in COMPRESSION:
             raise ValueError(f"compression must be one of {', '.join(COMPRESSION)}, not {cfg.compression!r}")
+        if cfg.attention_impl not in ATTENTION_IMPL:
+            raise ValueError(f"attention_impl must be one of {', '.join(ATTENTION_IMPL)}, not {cfg.attention_impl!r}")
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
@@ -186,12 +186,12 @@ class Model(nn.Module):
         Returns (memory, compressed memory, reconstruction loss or None), the memories detached."""
         pushed = torch.cat([mem, h.detach()], dim=1)
         evicted = max(0, pushed.shape[1] - self.cfg.mem_len)
-        old, mem = pushed[:, :evicted], pushed[:, evicted:]
+        old, mem = pushed[:, :evicted], pushed[:, evicted:].clone()  # a compact copy: a view would keep `pushed`
         loss = None
         if self.cfg.cmem_len and evicted >= self.cfg.compression_rate:
             compressed = block.compress_memories(old)
             loss = block.reconstruction_loss(h, old, compressed)
-            cmem = torch.cat([cmem, compressed.detach()], dim=1)[:, -self.cfg.cmem_len:]
+            cmem = torch.cat([cmem, compressed.detach()], dim=1)[:, -self.cfg.cmem_len:].clone()
         return mem, cmem, loss
 
     def forward(self, x, state=None):
@@ -245,12 +245,14 @@ class Model(nn.Module):
 
     def extra_flops(self, seq_len: int) -> int:
         """Forward FLOPs of one segment of seq_len tokens with full memories that a profile without state misses,
-        per layer: the key/value and relative-position projections of the n_m + n_cm memories and the segment's
-        attention over them (scores A+C and B+D, weighted values), plus, for a Compressive Transformer, f_c on the
-        seq_len memories evicted per segment and Algorithm 6's two content attentions over them."""
-        cfg, inner = self.cfg, self.cfg.n_heads * self.cfg.d_head
+        per layer: the key/value and relative-position projections of the n_m + n_cm memories and the attention
+        core's growth from seq_len to seq_len + n_m + n_cm keys (RelativeAttention.core_flops), plus, for a
+        Compressive Transformer, f_c on the seq_len memories evicted per segment and Algorithm 6's two content
+        attentions over them. On the Triton and FlexAttention paths also what the profiler cannot see inside the
+        kernel, counted as the reference's einsums, so that every path reports the same matmul FLOPs."""
+        cfg, inner, attn = self.cfg, self.cfg.n_heads * self.cfg.d_head, self.blocks[0].attn
         d, T, M = cfg.d_model, seq_len, cfg.mem_len + cfg.cmem_len
-        memory = 2 * M * d * 2 * inner + 2 * M * d * inner + 3 * 2 * T * M * inner
+        memory = 2 * M * d * 2 * inner + 2 * M * d * inner + attn.core_flops(T, T + M) - attn.core_flops(T, T)
         compression = 0
         if cfg.cmem_len:
             old, new = T, T // cfg.compression_rate
@@ -258,4 +260,7 @@ class Model(nn.Module):
                            + 2 * 2 * T * d * inner  # queries, once per content attention
                            + 2 * (old + new) * d * 2 * inner  # keys and values of old and compressed memories
                            + 2 * 2 * T * (old + new) * inner)  # scores and weighted values
-        return cfg.n_layers * (memory + compression)
+        impl = attention_impl(cfg.attention_impl, self.head.weight.is_cuda)
+        # the profiler sees flex.py's position einsum (T x T dot products), nothing of the Triton kernel
+        unseen = {"naive": 0, "triton": attn.core_flops(T, T), "flex": attn.core_flops(T, T) - 2 * T * T * inner}[impl]
+        return cfg.n_layers * (memory + compression + unseen)

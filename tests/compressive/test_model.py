@@ -255,3 +255,48 @@ def test_pooling_compressors_train_with_the_language_model_loss_only():
     assert aux["reconstruction"] > 0 and not aux["reconstruction"].requires_grad
     with pytest.raises(ValueError, match="compression must be one of conv, max, mean"):
         Model(tiny(compression="most_used"))
+
+
+def test_the_triton_path_gives_the_reference_logits_and_gradients_over_segments_with_memory():
+    """The whole model through the kernel (ops/rel_attention/triton.py, under the interpreter on CPU) and through the
+    reference, over three segments, so the last ones attend over memories and compressed memories."""
+    results = {}
+    x = torch.randint(50, (2, 15), generator=torch.Generator().manual_seed(0))
+    for impl in ("naive", "triton"):
+        torch.manual_seed(0)
+        model = Model(tiny(seq_len=5, mem_len=4, cmem_len=4, attention_impl=impl))
+        with torch.no_grad():
+            for block in model.blocks:  # nonzero position and content biases
+                block.attn.u.normal_(0, 0.5)
+                block.attn.v.normal_(0, 0.5)
+        state, logits, loss = None, [], 0
+        for segment in x.split(5, dim=1):
+            out, state, aux = model(segment, state)
+            logits.append(out)
+            loss = loss + out.square().mean() + aux["reconstruction"]
+        loss.backward()
+        results[impl] = (torch.cat(logits, 1), {n: p.grad for n, p in model.named_parameters()})
+    # fp32 attention over at most 13 keys of width 8; logits and gradients of order 1
+    torch.testing.assert_close(results["triton"][0], results["naive"][0], rtol=1e-4, atol=1e-5)
+    for name, grad in results["naive"][1].items():
+        torch.testing.assert_close(results["triton"][1][name], grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+def test_every_attention_path_reports_the_same_flops():
+    """languini.flops (DeepSpeed's profiler + extra_flops) on the reference and on the Triton path, whose attention
+    core the profiler cannot see: equal up to the elementwise operations the paths do differently (the reference's
+    sum of four score tensors, the kernel's adding of u and w to the queries), well below one attention core."""
+    from languini import flops
+
+    counts = {}
+    for impl in ("naive", "triton"):
+        torch.manual_seed(0)
+        model = Model(tiny(seq_len=16, mem_len=16, cmem_len=16, attention_impl=impl))
+        counts[impl] = flops.forward_flops(model, 16, 50)
+    core = 2 * model.blocks[0].attn.core_flops(16, 16)  # both layers
+    assert abs(counts["triton"] - counts["naive"]) < 0.05 * core, (counts, core)
+
+
+def test_an_unknown_attention_impl_is_refused():
+    with pytest.raises(ValueError, match="attention_impl must be one of"):
+        Model(tiny(attention_impl="flash"))
