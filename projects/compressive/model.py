@@ -148,6 +148,8 @@ class Block(nn.Module):
 
 class Model(nn.Module):
     stateful = True  # carries (memory, compressed memory) per layer from segment to segment
+    # checkpoints store the memories in bf16 (half of ~10 GB at small, batch 256); a resume is then not bit-exact
+    checkpoint_state_dtype = torch.bfloat16
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
