@@ -115,6 +115,11 @@ class RecallTask:
         beyond_start = self.farthest(True) + 1
         return {"near": (1, self.mem_len), "far": far, "beyond": (beyond_start, beyond_start + width - 1)}
 
+    def coverage(self, band: str, compressive: bool) -> str:
+        """'all' when every query of the band is within the model's reach, 'none' when none is, else 'some'."""
+        lo, hi = self.bands()[band]
+        return "all" if hi <= self.window(compressive) else "none" if lo > self.farthest(compressive) else "some"
+
     @property
     def episode_len(self) -> int:
         """E: long enough for the farthest query, and for the previous episode's payload to be out of every
@@ -252,11 +257,11 @@ def describe(task: RecallTask) -> None:
           f"vocabulary {task.vocab_size}; query distance bands: "
           + ", ".join(f"{name} {lo}-{hi}" for name, (lo, hi) in bands.items()))
     for compressive, name in ((False, "Transformer-XL"), (True, "Compressive")):
-        W, far = task.window(compressive), task.farthest(compressive)
-        inside = [b for b, (lo, hi) in bands.items() if hi <= W]
-        outside = [b for b, (lo, hi) in bands.items() if lo > far]
-        print(f"  {name}: every query sees distances 1-{W}, no query sees beyond {far}; bands inside its range "
-              f"for every query: {', '.join(inside) or 'none'}; outside for every query: {', '.join(outside) or 'none'}")
+        inside = [b for b in BANDS if task.coverage(b, compressive) == "all"] or ["none"]
+        outside = [b for b in BANDS if task.coverage(b, compressive) == "none"] or ["none"]
+        print(f"  {name}: every query sees distances 1-{task.window(compressive)}, no query sees beyond "
+              f"{task.farthest(compressive)}; bands inside its range for every query: {', '.join(inside)}; "
+              f"outside for every query: {', '.join(outside)}")
 
 
 def parse_args(argv=None):
@@ -293,9 +298,12 @@ def parse_args(argv=None):
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    task = RecallTask(seq_len=args.seq_len, mem_len=args.mem_len, cmem_len=args.cmem_len,
-                      compression_rate=args.compression_rate, n_layers=args.n_layers, n_payloads=args.payloads,
-                      n_fillers=args.fillers, queries=args.queries)
+    try:
+        task = RecallTask(seq_len=args.seq_len, mem_len=args.mem_len, cmem_len=args.cmem_len,
+                          compression_rate=args.compression_rate, n_layers=args.n_layers, n_payloads=args.payloads,
+                          n_fillers=args.fillers, queries=args.queries)
+    except ValueError as error:
+        raise SystemExit(f"compressive_recall.py: error: {error}") from None
     describe(task)
     started, rows = time.perf_counter(), []
     for compressive, label in ((True, "Compressive"), (False, "Transformer-XL")):
@@ -305,19 +313,19 @@ def main(argv=None) -> list[dict]:
         model = train(task, cfg, args, label)
         hits, totals = evaluate(task, model, args)
         for name, h, n in zip(BANDS, hits, totals):
-            rows.append({"model": label, "n_m": cfg.mem_len, "n_cm": cfg.cmem_len, "c": task.compression_rate,
+            rows.append({"model": label, "n_m": cfg.mem_len, "n_cm": cfg.cmem_len, "c": cfg.compression_rate,
                          "thesis_range": task.n_layers * task.window(compressive), "band": name,
-                         "distances": task.bands()[name], "accuracy": h / max(1, n), "queries": n,
-                         "inside": task.bands()[name][1] <= task.window(compressive),
-                         "outside": task.bands()[name][0] > task.farthest(compressive)})
+                         "distances": task.bands()[name], "in_range": task.coverage(name, compressive),
+                         "accuracy": h / max(1, n), "queries": n})
     chance = 1 / task.n_payloads
     print(f"\n{'model':<15} {'n_m':>4} {'n_cm':>5} {'c':>2} {'range':>6} {'distance':>14} {'in range':>9} "
           f"{'queries':>8} {'accuracy':>9} {'chance':>7}")
     for r in rows:
-        where = "all" if r["inside"] else "none" if r["outside"] else "some"
         lo, hi = r["distances"]
-        print(f"{r['model']:<15} {r['n_m']:>4} {r['n_cm']:>5} {r['c']:>2} {r['thesis_range']:>6} "
-              f"{r['band'] + f' {lo}-{hi}':>14} {where:>9} {r['queries']:>8} {r['accuracy']:>9.3f} {chance:>7.3f}")
+        c = r["c"] if r["n_cm"] else "-"
+        print(f"{r['model']:<15} {r['n_m']:>4} {r['n_cm']:>5} {c:>2} {r['thesis_range']:>6} "
+              f"{r['band'] + f' {lo}-{hi}':>14} {r['in_range']:>9} {r['queries']:>8} {r['accuracy']:>9.3f} "
+              f"{chance:>7.3f}")
     print(f"range: the thesis's temporal range l x (n_m + c n_cm) (6.3.3; n_cm = 0 for Transformer-XL). in range: "
           f"for how many query positions the distance is within reach. Seed {args.seed}, {args.steps} steps, "
           f"wall {time.perf_counter() - started:.0f}s.")

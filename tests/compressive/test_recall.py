@@ -33,6 +33,16 @@ def test_bands_and_episode_by_hand(recall):
     assert task.bands() == HAND_BANDS
     assert task.episode_len == 18
     assert (task.query_token, task.vocab_size) == (5, 6)  # fillers 0, 1; payloads 2, 3, 4; query 5
+    assert [task.coverage(b, False) for b in HAND_BANDS] == ["all", "none", "none"]  # 4 <= 8; 12 > 11; 16 > 11
+    assert [task.coverage(b, True) for b in HAND_BANDS] == ["all", "all", "none"]  # 4, 12 <= 12; 16 > 15
+
+
+def test_no_far_band_is_refused(recall):
+    # c = 2 with two layers: the Transformer-XL's 3 + 2 x 8 = 19 is past the Compressive's 4 + 2 x 4 = 12
+    with pytest.raises(ValueError, match="no distance"):
+        recall.RecallTask(**{**TINY, "n_layers": 2})
+    with pytest.raises(ValueError, match="multiples of c"):
+        recall.RecallTask(**{**TINY, "seq_len": 5})
 
 
 def test_stream_layout_by_hand(recall):
@@ -139,6 +149,7 @@ def test_script_runs_end_to_end(recall, capsys):
                                                       for b in ("near", "far", "beyond")]
     assert all(0 <= r["accuracy"] <= 1 and r["queries"] > 0 for r in rows)
     assert [r["n_m"] for r in rows] == [4] * 3 + [8] * 3 and [r["n_cm"] for r in rows] == [4] * 3 + [0] * 3
+    assert [r["in_range"] for r in rows] == ["all", "all", "none", "all", "none", "none"]
     out = capsys.readouterr().out
     assert "Transformer-XL: every query sees distances 1-8, no query sees beyond 11" in out
     assert "Compressive: every query sees distances 1-12, no query sees beyond 15" in out
