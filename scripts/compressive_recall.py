@@ -17,27 +17,29 @@ in three bands of distance, --queries distinct distances per band and episode:
           every Compressive Transformer query sees (its last c n_cm positions through the compressed memory);
   beyond: just beyond the farthest position any Compressive Transformer query can reach (the second control:
           neither model can answer, so both sit at chance).
-E exceeds the Compressive Transformer's farthest reach, so at every query the episode's payload is the only one
-either model can see: recall is a content lookup (the query attends to the one payload in view and copies it),
-which one attention layer learns, and which does not depend on where in its segment a query falls.
+E is at least the Compressive Transformer's farthest reach and the previous payload at least E + 1 back, so at
+every query the episode's payload is the only one either model can see: recall is a content lookup (the query
+attends to the one payload in view and copies it), which one attention layer learns, and which does not depend on
+where in its segment a query falls. A positional task ("the symbol exactly D back") would: the relative positions
+count the prefix [compressed; memory] as contiguous slots, so the slot D true positions back from segment index i
+sits at a positional distance that changes with i (by 1 - 1/c per step), and a model without absolute positions
+cannot know i.
 
 Why held symbols and positions? f_c merges c consecutive memories into one slot. The segment, n_m and E are
 multiples of c, so the compression's windows are the aligned c-blocks of the stream and a payload fills exactly
-one window: a compression that keeps a repeated vector (a mean, or what the attention-reconstruction loss trains
-the convolution towards) keeps the payload whole, and a compressed slot holds one symbol. Filler pairs are
-random and may be blurred by f_c; nothing asks for them.
+one window, and a compressed slot holds one symbol: a mean keeps it exactly (--compression mean), and the
+attention-reconstruction loss rewards a convolution that keeps what the attention reads. Filler pairs are random
+and may be blurred by f_c; nothing asks for them.
 
 Which distances each model sees. Memories are carried from segment to segment; a query at index i of its segment
 (0 <= i < T) reads the segment up to itself, the n_m memories before the segment and, for the Compressive
 Transformer, the n_cm compressed slots that cover the c n_cm positions before those: every distance up to
-i + W, with W = n_m + c n_cm (Compressive) or W = n_m + n_cm (Transformer-XL). The relative positions count the
-prefix [compressed; memory] as contiguous slots, so a compressed slot's positional distance is not its true
-distance; the lookup is by content and does not need it. With l layers a position's output also carries what
-earlier positions read, so information can hop l times; the farthest reach is found by a search over the l hops
-(for one layer it is T - 1 + W). The far band starts past the Transformer-XL's farthest reach and ends at the
-Compressive Transformer's W (its reach at i = 0), so no Transformer-XL query sees the far payload and every
-Compressive one does. With c = 2 and 2 layers the band is empty (a 2-layer Transformer-XL reaches about
-T - 1 + 2 (n_m + n_cm)); use --compression_rate 4 or more there.
+i + W, with W = n_m + c n_cm (Compressive) or W = n_m + n_cm (Transformer-XL). With l layers a position's
+output also carries what earlier positions read, so information can hop l times; the farthest reach is found by a
+search over the l hops (for one layer it is T - 1 + W). The far band starts past the Transformer-XL's farthest
+reach and ends at the Compressive Transformer's W (its reach at i = 0), so no Transformer-XL query sees the far
+payload and every Compressive one does. With c = 2 and 2 layers the band is empty (a 2-layer Transformer-XL
+reaches about T - 1 + 2 (n_m + n_cm)); use --compression_rate 4 or more there.
 
 Scoring: accuracy of the arg-max over the whole vocabulary, per band, on fresh streams (another seed) read with
 the memory carried, after training on streams of --batch_size rows, one segment per step, with AdamW and the
