@@ -201,11 +201,14 @@ def compressive_rel_attention_bwd_key_kernel(
     tl.store(dv_ptr + kv_at, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
 
 
-def _launch_config(D: int) -> dict:
-    """Square tiles of 64 queries and keys (32 from head width 128, for the registers), the window twice that."""
+def _launch_config(D: int, dtype: torch.dtype, kernel: str) -> dict:
+    """Square tiles of queries and keys, the window of r rows twice as long. bf16: 64 (the query-gradient kernel,
+    which holds the most tiles, 32); fp32 (IEEE products, no tensor cores): 32. Chosen so that no launch spills
+    registers (scripts/kernel_cost.py, sm_90); not tuned on a GPU."""
     block_d = max(16, triton.next_power_of_2(D))
-    block = 64 if block_d <= 64 else 32
-    return {"BLOCK_M": block, "BLOCK_N": block, "BLOCK_W": 2 * block, "BLOCK_D": block_d, "num_warps": 8, "num_stages": 2}
+    block = 64 if dtype != torch.float32 and kernel != "bwd_query" and block_d <= 64 else 32
+    return {"BLOCK_M": block, "BLOCK_N": block, "BLOCK_W": 2 * block, "BLOCK_D": block_d,
+            "num_warps": 8 if block == 64 else 4, "num_stages": 2}
 
 
 def _strides(q: torch.Tensor, k: torch.Tensor, r: torch.Tensor) -> tuple:
@@ -224,7 +227,7 @@ def _forward_op(qu: torch.Tensor, qw: torch.Tensor, k: torch.Tensor, v: torch.Te
     S = k.shape[2]
     o = torch.empty_like(qu)
     lse = torch.empty(B, H, T, device=qu.device, dtype=torch.float32)
-    blocks = _launch_config(D)
+    blocks = _launch_config(D, qu.dtype, "fwd")
     grid = (triton.cdiv(T, blocks["BLOCK_M"]), B * H)
     compressive_rel_attention_fwd_kernel[grid](o, lse, qu, qw, k, v, r, T, S, S - T, D, H, scale,
                                                *_strides(qu, k, r), **_flags(qu.dtype), **blocks)
@@ -247,10 +250,11 @@ def _backward_op(do: torch.Tensor, qu: torch.Tensor, qw: torch.Tensor, k: torch.
     dqu, dqw = torch.empty_like(qu), torch.empty_like(qw)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dr = torch.zeros(r.shape, device=r.device, dtype=torch.float32)
-    blocks, flags = _launch_config(D), _flags(qu.dtype)
-    args = (T, S, S - T, D, H, scale, *_strides(qu, k, r))
+    flags, args = _flags(qu.dtype), (T, S, S - T, D, H, scale, *_strides(qu, k, r))
+    blocks = _launch_config(D, qu.dtype, "bwd_query")
     compressive_rel_attention_bwd_query_kernel[(triton.cdiv(T, blocks["BLOCK_M"]), B * H)](
         dqu, dqw, dr, qu, qw, k, v, r, do, lse, delta, *args, **flags, **blocks)
+    blocks = _launch_config(D, qu.dtype, "bwd_key")
     compressive_rel_attention_bwd_key_kernel[(triton.cdiv(S, blocks["BLOCK_N"]), B * H)](
         dk, dv, qu, qw, k, v, r, do, lse, delta, *args, **flags, **blocks)
     return dqu, dqw, dk, dv, dr
