@@ -1,9 +1,9 @@
 """The Triton relative-attention kernel (and the FlexAttention path) against the plain PyTorch reference, which
 tests/compressive/test_model.py checks against a brute-force sum: outputs and the gradients of q, k, v, r, u, w on
 fresh random inputs, with empty memory, full memory, a single query, odd lengths and head widths that are not
-powers of two. Under the Triton interpreter on CPU (tests/conftest.py); the kernel's tiles are 64 queries by 64
-keys, so the larger cases cross tile edges (and end inside a tile), and the window of r rows straddles distance 0
-and S - 1."""
+powers of two. Under the Triton interpreter on CPU (tests/conftest.py); the kernel's tiles are 32 queries by 32
+keys in fp32 (64 or 32 in bf16), so the larger cases cross tile edges (and end inside a tile), and the window of r
+rows straddles distance 0 and S - 1."""
 import pytest
 import torch
 
