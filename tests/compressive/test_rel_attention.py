@@ -91,3 +91,12 @@ def test_flex_attention_matches_the_reference(B, H, T, P, D, device):
         got = (flex.relative_attention_flex(*[t.detach() for t in tensors], scale),)
     for expected, actual, name in zip(ref, got, NAMES):  # fp32, as the kernel's test
         torch.testing.assert_close(actual.double(), expected, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+def test_the_kernel_on_cpu_without_the_interpreter_says_what_to_use(device, monkeypatch):
+    from projects.compressive.ops.rel_attention import triton as kernel
+
+    monkeypatch.setattr(kernel, "interpreting", lambda: False)
+    q, k, v, r, u, w = inputs(1, 1, 4, 0, 16, torch.device("cpu"))
+    with pytest.raises(ValueError, match="attention_impl naive"):
+        relative_attention_triton(q, k, v, r, u, w, 0.25)

@@ -361,8 +361,9 @@ def test_cpu_path_times_a_model_with_another_vocabulary_instead_of_reusing_a_row
 def test_a_config_named_cpu_is_timed_on_this_cpu_and_a_paper_config_is_not(default_corpus_root, tmp_path,
                                                                            monkeypatch, capsys):
     """Without a GPU, a CPU-sized config given with --config ('cpu' or '<name>_cpu', here the Compressive project's
-    Transformer-XL txl_cpu) takes the CPU path as the default does: reference 'cpu', none of the compute class's
-    GPU settings, timed once and its row kept in <out_dir>/throughput.csv. A paper config plans against the
+    Transformer-XL txl_cpu, with a memory length no committed row has) takes the CPU path as the default does:
+    reference 'cpu', none of the compute class's GPU settings, timed once and its row kept in
+    <out_dir>/throughput.csv. A paper config plans against the
     registry and is refused without a row, as before."""
     from projects.compressive import configs as compressive_configs
     from projects.compressive.model import Model as Compressive
@@ -377,17 +378,18 @@ def test_a_config_named_cpu_is_timed_on_this_cpu_and_a_paper_config_is_not(defau
     out_dir = tmp_path / "runs"
     argv = ["--compute_class", "6h", "--dry_run", "true", "--data_root", str(default_corpus_root), "--out_dir",
             str(out_dir)]
-    main("compressive", compressive_configs, Compressive, argv + ["--config", "txl_cpu"])
+    no_row = ["--config", "txl_cpu", "--mem_len", "200"]
+    main("compressive", compressive_configs, Compressive, argv + no_row)
     out = capsys.readouterr().out
     # 6h's settings (config small, batch 128, grad_clip 0.1) are for a GPU: the trainer's defaults (batch 16)
-    assert timed == [(256, 16, None)] and "kept in" in out
+    assert timed == [(200, 16, None)] and "kept in" in out
     [row] = throughput.read_registry(out_dir / "throughput.csv")
-    spec = throughput.model_spec("compressive", "txl_cpu", compressive_configs.get("txl_cpu"))
+    spec = throughput.model_spec("compressive", "txl_cpu", compressive_configs.get("txl_cpu", mem_len=200))
     assert (row.config, row.model_fingerprint, row.hardware, row.batch_size) == ("txl_cpu", spec.fingerprint, "cpu", 16)
     assert "4,096 tokens/s (measured on cpu, " in out
     assert "steps                    43,200\n" in out  # 6 x 3,600 s x 4,096 tokens/s / (16 x 128 tokens)
     assert "means 6h of this CPU training the toy config 'txl_cpu'" in out
-    main("compressive", compressive_configs, Compressive, argv + ["--config", "txl_cpu"])  # the row is kept
+    main("compressive", compressive_configs, Compressive, argv + no_row)  # the row is kept
     assert len(timed) == 1 and "steps                    43,200\n" in capsys.readouterr().out
 
     with pytest.raises(SystemExit, match=r"(?s)no throughput for compressive small.*'small' is planned against the "

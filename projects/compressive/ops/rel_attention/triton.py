@@ -137,9 +137,9 @@ def compressive_rel_attention_bwd_query_kernel(
         ds = p * (dp - delta[:, None]) * scale  # the gradient of the unscaled scores A+B+C+D
         dpw = tl.where(in_tile, tl.gather(ds, back, axis=1), 0.0)
         if IEEE:
-            dqu += tl.dot(ds, kt.to(tl.float32), input_precision="ieee")
-            dqw += tl.dot(dpw, rw.to(tl.float32), input_precision="ieee")
-            dr = tl.dot(tl.trans(dpw), qw.to(tl.float32), input_precision="ieee")
+            dqu += tl.dot(ds, kt, input_precision="ieee")
+            dqw += tl.dot(dpw, rw, input_precision="ieee")
+            dr = tl.dot(tl.trans(dpw), qw, input_precision="ieee")
         else:
             dqu += tl.dot(ds.to(kt.dtype), kt)
             dqw += tl.dot(dpw.to(rw.dtype), rw)
@@ -203,8 +203,9 @@ def compressive_rel_attention_bwd_key_kernel(
 
 def _launch_config(D: int, dtype: torch.dtype, kernel: str) -> dict:
     """Square tiles of queries and keys, the window of r rows twice as long. bf16: 64 (the query-gradient kernel,
-    which holds the most tiles, 32); fp32 (IEEE products, no tensor cores): 32. Chosen so that no launch spills
-    registers (scripts/kernel_cost.py, sm_90); not tuned on a GPU."""
+    which holds the most tiles, 32); fp32 (IEEE products, no tensor cores): 32. Chosen from the compiler's
+    register counts (scripts/kernel_cost.py, sm_90: the bf16 forward and key-gradient kernels do not spill), not
+    tuned on a GPU."""
     block_d = max(16, triton.next_power_of_2(D))
     block = 64 if dtype != torch.float32 and kernel != "bwd_query" and block_d <= 64 else 32
     return {"BLOCK_M": block, "BLOCK_N": block, "BLOCK_W": 2 * block, "BLOCK_D": block_d,
@@ -295,6 +296,9 @@ def relative_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Returns:
         (B, H, T, D) in the dtype the tensors run in: autocast's if enabled, else q's. Accumulation is fp32.
     """
+    if not q.is_cuda and not interpreting():
+        raise ValueError("The Triton relative-attention kernel needs a GPU (or TRITON_INTERPRET=1 set before any "
+                         "kernel is defined, as the tests do); on CPU use --attention_impl naive or auto.")
     if k.shape[2] < q.shape[2] or r.shape[1] != k.shape[2]:
         raise ValueError(f"need S >= T keys and S rows of r; got T={q.shape[2]}, S={k.shape[2]}, r rows "
                          f"{r.shape[1]}")
