@@ -19,26 +19,38 @@ from languini.triton_utils import interpreting
 
 
 @triton.jit
-def _scores(qu, qw, k_ptr, r_ptr, n0, m0, P, T, S, D, stride_ks, stride_rs, offs_m, offs_n, offs_w, offs_d,
-            UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _load_rows(ptr, rows, n_rows, stride, offs_d, D, UPCAST: tl.constexpr):
+    """The rows `rows` of a (n_rows, D) matrix with row stride `stride`, zero outside it; fp32 under UPCAST (the
+    interpreter's bf16 arithmetic is wrong)."""
+    t = tl.load(ptr + rows[:, None] * stride + offs_d[None, :],
+                mask=(rows[:, None] >= 0) & (rows[:, None] < n_rows) & (offs_d[None, :] < D), other=0.0)
+    if UPCAST:
+        t = t.to(tl.float32)
+    return t
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    """a @ b accumulated in fp32: IEEE fp32 products for fp32 inputs, else a cast to b's dtype (tensor cores)."""
+    if IEEE:
+        out = tl.dot(a, b, input_precision="ieee")
+    else:
+        out = tl.dot(a.to(b.dtype), b)
+    return out
+
+
+@triton.jit
+def _scores(qu, qw, k_ptr, r_ptr, n0, m0, P, S, D, stride_ks, stride_rs, offs_m, offs_n, offs_w, offs_d,
+            UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_N: tl.constexpr):
     """The tile's key block (BLOCK_N, BLOCK_D), r window (BLOCK_W, BLOCK_D) and masked scores (A+B+C+D) before the
     scale, -inf where key j is beyond query i's reach or past the keys (rows past T are not masked)."""
     keys = n0 + offs_n
-    kt = tl.load(k_ptr + keys[:, None] * stride_ks + offs_d[None, :],
-                 mask=(keys[:, None] < S) & (offs_d[None, :] < D), other=0.0)
+    kt = _load_rows(k_ptr, keys, S, stride_ks, offs_d, D, UPCAST)
     rows = P + m0 - n0 - BLOCK_N + 1 + offs_w
-    rw = tl.load(r_ptr + rows[:, None] * stride_rs + offs_d[None, :],
-                 mask=(rows[:, None] >= 0) & (rows[:, None] < S) & (offs_d[None, :] < D), other=0.0)
-    if UPCAST:  # the interpreter's bf16 arithmetic is wrong
-        kt, rw = kt.to(tl.float32), rw.to(tl.float32)
-    if IEEE:
-        s = tl.dot(qu, tl.trans(kt), input_precision="ieee")
-        pw = tl.dot(qw, tl.trans(rw), input_precision="ieee")
-    else:
-        s = tl.dot(qu, tl.trans(kt))
-        pw = tl.dot(qw, tl.trans(rw))
-    local = offs_m - m0
-    s += tl.gather(pw, local[:, None] - offs_n[None, :] + BLOCK_N - 1, axis=1)
+    rw = _load_rows(r_ptr, rows, S, stride_rs, offs_d, D, UPCAST)
+    s = _dot(qu, tl.trans(kt), IEEE)
+    pw = _dot(qw, tl.trans(rw), IEEE)
+    s += tl.gather(pw, (offs_m - m0)[:, None] - offs_n[None, :] + BLOCK_N - 1, axis=1)
     reach = (keys[None, :] <= P + offs_m[:, None]) & (keys[None, :] < S)
     return kt, rw, rows, tl.where(reach, s, float("-inf"))
 
@@ -54,12 +66,9 @@ def compressive_rel_attention_fwd_kernel(
     b, h = bh // H, bh % H
     offs_m, offs_n = m0 + tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N)
     offs_w, offs_d = tl.arange(0, BLOCK_W), tl.arange(0, BLOCK_D)
-    q_at = b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :]
-    q_mask = (offs_m[:, None] < T) & (offs_d[None, :] < D)
-    qu = tl.load(qu_ptr + q_at, mask=q_mask, other=0.0)
-    qw = tl.load(qw_ptr + q_at, mask=q_mask, other=0.0)
-    if UPCAST:
-        qu, qw = qu.to(tl.float32), qw.to(tl.float32)
+    q_base = b * stride_qb + h * stride_qh
+    qu = _load_rows(qu_ptr + q_base, offs_m, T, stride_qt, offs_d, D, UPCAST)
+    qw = _load_rows(qw_ptr + q_base, offs_m, T, stride_qt, offs_d, D, UPCAST)
     k_ptr += b * stride_kb + h * stride_kh
     v_ptr += b * stride_kb + h * stride_kh
     r_ptr += h * stride_rh
@@ -68,23 +77,18 @@ def compressive_rel_attention_fwd_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     # key 0 is within every query's reach, so each row's running maximum is finite after the first tile
     for n0 in range(0, tl.minimum(S, P + m0 + BLOCK_M), BLOCK_N):
-        kt, rw, rows, s = _scores(qu, qw, k_ptr, r_ptr, n0, m0, P, T, S, D, stride_ks, stride_rs, offs_m, offs_n,
-                                  offs_w, offs_d, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+        kt, rw, rows, s = _scores(qu, qw, k_ptr, r_ptr, n0, m0, P, S, D, stride_ks, stride_rs, offs_m, offs_n,
+                                  offs_w, offs_d, UPCAST, IEEE, BLOCK_N)
         s = s * scale
-        keys = n0 + offs_n
-        vt = tl.load(v_ptr + keys[:, None] * stride_ks + offs_d[None, :],
-                     mask=(keys[:, None] < S) & (offs_d[None, :] < D), other=0.0)
-        if UPCAST:
-            vt = vt.to(tl.float32)
+        vt = _load_rows(v_ptr, n0 + offs_n, S, stride_ks, offs_d, D, UPCAST)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+        acc = acc * alpha[:, None] + _dot(p, vt, IEEE)
         m_i = m_new
+    q_at = q_base + offs_m[:, None] * stride_qt + offs_d[None, :]
+    q_mask = (offs_m[:, None] < T) & (offs_d[None, :] < D)
     tl.store(o_ptr + q_at, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=q_mask)
     tl.store(lse_ptr + bh * T + offs_m, m_i + tl.log(l_i), mask=offs_m < T)
 
@@ -101,13 +105,10 @@ def compressive_rel_attention_bwd_query_kernel(
     b, h = bh // H, bh % H
     offs_m, offs_n = m0 + tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N)
     offs_w, offs_d = tl.arange(0, BLOCK_W), tl.arange(0, BLOCK_D)
-    q_at = b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :]
-    q_mask = (offs_m[:, None] < T) & (offs_d[None, :] < D)
-    qu = tl.load(qu_ptr + q_at, mask=q_mask, other=0.0)
-    qw = tl.load(qw_ptr + q_at, mask=q_mask, other=0.0)
-    do = tl.load(do_ptr + q_at, mask=q_mask, other=0.0)
-    if UPCAST:
-        qu, qw, do = qu.to(tl.float32), qw.to(tl.float32), do.to(tl.float32)
+    q_base = b * stride_qb + h * stride_qh
+    qu = _load_rows(qu_ptr + q_base, offs_m, T, stride_qt, offs_d, D, UPCAST)
+    qw = _load_rows(qw_ptr + q_base, offs_m, T, stride_qt, offs_d, D, UPCAST)
+    do = _load_rows(do_ptr + q_base, offs_m, T, stride_qt, offs_d, D, UPCAST)
     lse = tl.load(lse_ptr + bh * T + offs_m, mask=offs_m < T, other=0.0)
     delta = tl.load(delta_ptr + bh * T + offs_m, mask=offs_m < T, other=0.0)
     k_ptr += b * stride_kb + h * stride_kh
@@ -115,37 +116,24 @@ def compressive_rel_attention_bwd_query_kernel(
     r_ptr += h * stride_rh
     dr_ptr += h * stride_rh
     # dpw[i, t] = ds[i, i + BLOCK_N - 1 - t] where that is a key of the tile
-    local = offs_m - m0
-    back = local[:, None] + BLOCK_N - 1 - offs_w[None, :]
+    back = (offs_m - m0)[:, None] + BLOCK_N - 1 - offs_w[None, :]
     in_tile = (back >= 0) & (back < BLOCK_N)
     back = tl.minimum(tl.maximum(back, 0), BLOCK_N - 1)
     dqu = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     dqw = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for n0 in range(0, tl.minimum(S, P + m0 + BLOCK_M), BLOCK_N):
-        kt, rw, rows, s = _scores(qu, qw, k_ptr, r_ptr, n0, m0, P, T, S, D, stride_ks, stride_rs, offs_m, offs_n,
-                                  offs_w, offs_d, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+        kt, rw, rows, s = _scores(qu, qw, k_ptr, r_ptr, n0, m0, P, S, D, stride_ks, stride_rs, offs_m, offs_n,
+                                  offs_w, offs_d, UPCAST, IEEE, BLOCK_N)
         p = tl.where(offs_m[:, None] < T, tl.exp(s * scale - lse[:, None]), 0.0)
-        keys = n0 + offs_n
-        vt = tl.load(v_ptr + keys[:, None] * stride_ks + offs_d[None, :],
-                     mask=(keys[:, None] < S) & (offs_d[None, :] < D), other=0.0)
-        if UPCAST:
-            vt = vt.to(tl.float32)
-        if IEEE:
-            dp = tl.dot(do, tl.trans(vt), input_precision="ieee")
-        else:
-            dp = tl.dot(do, tl.trans(vt))
-        ds = p * (dp - delta[:, None]) * scale  # the gradient of the unscaled scores A+B+C+D
+        vt = _load_rows(v_ptr, n0 + offs_n, S, stride_ks, offs_d, D, UPCAST)
+        ds = p * (_dot(do, tl.trans(vt), IEEE) - delta[:, None]) * scale  # the gradient of the unscaled scores
         dpw = tl.where(in_tile, tl.gather(ds, back, axis=1), 0.0)
-        if IEEE:
-            dqu += tl.dot(ds, kt, input_precision="ieee")
-            dqw += tl.dot(dpw, rw, input_precision="ieee")
-            dr = tl.dot(tl.trans(dpw), qw, input_precision="ieee")
-        else:
-            dqu += tl.dot(ds.to(kt.dtype), kt)
-            dqw += tl.dot(dpw.to(rw.dtype), rw)
-            dr = tl.dot(tl.trans(dpw).to(qw.dtype), qw)
-        tl.atomic_add(dr_ptr + rows[:, None] * stride_rs + offs_d[None, :], dr,
+        dqu += _dot(ds, kt, IEEE)
+        dqw += _dot(dpw, rw, IEEE)
+        tl.atomic_add(dr_ptr + rows[:, None] * stride_rs + offs_d[None, :], _dot(tl.trans(dpw), qw, IEEE),
                       mask=(rows[:, None] >= 0) & (rows[:, None] < S) & (offs_d[None, :] < D))
+    q_at = q_base + offs_m[:, None] * stride_qt + offs_d[None, :]
+    q_mask = (offs_m[:, None] < T) & (offs_d[None, :] < D)
     tl.store(dqu_ptr + q_at, dqu.to(dqu_ptr.dtype.element_ty), mask=q_mask)
     tl.store(dqw_ptr + q_at, dqw.to(dqw_ptr.dtype.element_ty), mask=q_mask)
 
@@ -161,42 +149,29 @@ def compressive_rel_attention_bwd_key_kernel(
     b, h = bh // H, bh % H
     offs_n, offs_w, offs_d = tl.arange(0, BLOCK_N), tl.arange(0, BLOCK_W), tl.arange(0, BLOCK_D)
     keys = n0 + offs_n
-    kv_at = b * stride_kb + h * stride_kh + keys[:, None] * stride_ks + offs_d[None, :]
-    kv_mask = (keys[:, None] < S) & (offs_d[None, :] < D)
-    vt = tl.load(v_ptr + kv_at, mask=kv_mask, other=0.0)
-    if UPCAST:
-        vt = vt.to(tl.float32)
     k_ptr += b * stride_kb + h * stride_kh
+    v_ptr += b * stride_kb + h * stride_kh
     r_ptr += h * stride_rh
+    vt = _load_rows(v_ptr, keys, S, stride_ks, offs_d, D, UPCAST)
     q_base = b * stride_qb + h * stride_qh
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     # the first query reaching key n0 is n0 - P
     for m0 in range(tl.maximum(n0 - P, 0) // BLOCK_M * BLOCK_M, T, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
-        q_at = q_base + offs_m[:, None] * stride_qt + offs_d[None, :]
-        q_mask = (offs_m[:, None] < T) & (offs_d[None, :] < D)
-        qu = tl.load(qu_ptr + q_at, mask=q_mask, other=0.0)
-        qw = tl.load(qw_ptr + q_at, mask=q_mask, other=0.0)
-        do = tl.load(do_ptr + q_at, mask=q_mask, other=0.0)
-        if UPCAST:
-            qu, qw, do = qu.to(tl.float32), qw.to(tl.float32), do.to(tl.float32)
+        qu = _load_rows(qu_ptr + q_base, offs_m, T, stride_qt, offs_d, D, UPCAST)
+        qw = _load_rows(qw_ptr + q_base, offs_m, T, stride_qt, offs_d, D, UPCAST)
+        do = _load_rows(do_ptr + q_base, offs_m, T, stride_qt, offs_d, D, UPCAST)
         lse = tl.load(lse_ptr + bh * T + offs_m, mask=offs_m < T, other=0.0)
         delta = tl.load(delta_ptr + bh * T + offs_m, mask=offs_m < T, other=0.0)
-        kt, rw, rows, s = _scores(qu, qw, k_ptr, r_ptr, n0, m0, P, T, S, D, stride_ks, stride_rs, offs_m, offs_n,
-                                  offs_w, offs_d, UPCAST, IEEE, BLOCK_M, BLOCK_N)
+        kt, rw, rows, s = _scores(qu, qw, k_ptr, r_ptr, n0, m0, P, S, D, stride_ks, stride_rs, offs_m, offs_n,
+                                  offs_w, offs_d, UPCAST, IEEE, BLOCK_N)
         p = tl.where(offs_m[:, None] < T, tl.exp(s * scale - lse[:, None]), 0.0)
-        if IEEE:
-            dv += tl.dot(tl.trans(p), do, input_precision="ieee")
-            dp = tl.dot(do, tl.trans(vt), input_precision="ieee")
-        else:
-            dv += tl.dot(tl.trans(p).to(do.dtype), do)
-            dp = tl.dot(do, tl.trans(vt))
-        ds = p * (dp - delta[:, None]) * scale
-        if IEEE:
-            dk += tl.dot(tl.trans(ds), qu, input_precision="ieee")
-        else:
-            dk += tl.dot(tl.trans(ds).to(qu.dtype), qu)
+        dv += _dot(tl.trans(p), do, IEEE)
+        ds = p * (_dot(do, tl.trans(vt), IEEE) - delta[:, None]) * scale
+        dk += _dot(tl.trans(ds), qu, IEEE)
+    kv_at = b * stride_kb + h * stride_kh + keys[:, None] * stride_ks + offs_d[None, :]
+    kv_mask = (keys[:, None] < S) & (offs_d[None, :] < D)
     tl.store(dk_ptr + kv_at, dk.to(dk_ptr.dtype.element_ty), mask=kv_mask)
     tl.store(dv_ptr + kv_at, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
 
