@@ -1,13 +1,16 @@
-"""Timing training steps: the measurement behind a throughput row (scripts/measure_throughput.py, and train.py
-on a machine without a GPU that has no row for its model). The step timed is the trainer's own (TrainStep)."""
+"""Timing training steps: the measurement behind a throughput row and the row it makes (measured_row), for
+scripts/measure_throughput.py and for a run's plan on a machine without a GPU that has no row for its model
+(languini.plan.cpu_row). The step timed is the trainer's own (TrainStep)."""
 from __future__ import annotations
 
+import datetime
 import gc
 import statistics
 from dataclasses import dataclass
 
 import torch
 
+from languini.throughput import ModelSpec, ThroughputRow
 from languini.timing import time_calls
 from languini.trainer import TrainConfig, TrainStep, build_optimizers, build_schedulers, precision_for
 
@@ -75,3 +78,11 @@ def measure_batch_size(
         torch.cuda.empty_cache()
     step_seconds = statistics.median(durations)
     return Measurement(batch_size, batch_size * model_config.seq_len / step_seconds, step_seconds, peak_memory_gib)
+
+
+def measured_row(model: ModelSpec, hardware: str, measurement: Measurement, seq_len: int, precision: str,
+                 compiled: bool, note: str) -> ThroughputRow:
+    """The registry row of a measurement of `model` on `hardware`, dated today (source `measured`)."""
+    return ThroughputRow(model.project, model.config, model.fingerprint, model.flags, hardware, measurement.batch_size,
+                         seq_len, measurement.tokens_per_second, measurement.peak_memory_gib, precision, compiled,
+                         torch.__version__, datetime.date.today().isoformat(), "measured", note)

@@ -16,6 +16,7 @@ from languini.flags import parse_bool
 
 RESULTS = "results.json"
 LOG = "log.jsonl"
+RUN_CONFIG = "config.json"  # the run's configs and its plan, written at its start
 
 
 def resume_mode(value: str | bool) -> str:

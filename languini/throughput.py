@@ -3,7 +3,7 @@
 Each row is one throughput of a model on one piece of hardware, either measured by
 scripts/measure_throughput.py, published in a paper, or derived by ratio (below). Compute
 classes turn the throughput of the model actually trained into a token budget
-(languini.compute_class), so a row records the whole model configuration it was measured
+(languini.plan), so a row records the whole model configuration it was measured
 with: `model_fingerprint` (12 hex digits of SHA-256 over every field of the project's
 ModelConfig) and `model_flags` (the fields that differ from the named config, as the
 command-line flags that set them). A lookup matches rows by fingerprint, never by name alone.

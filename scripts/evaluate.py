@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from languini import checkpoint, experiment, model_contract, tokenizer
+from languini import checkpoint, datasets, experiment, model_contract, run_folder, tokenizer
 from languini.books import SLOW_EVAL_PROTOCOLS, DataError
 from languini.evaluation import Evaluator, describe_slow_protocol, evaluate_splits
 from languini.trainer import TrainConfig, init_distributed, precision_for, write_json
@@ -58,12 +58,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def load_run(run_dir: Path) -> dict:
     """Project, config name and training config of a run, from config.json or else results.json."""
-    for name, train_key in ((experiment.RUN_CONFIG, "train"), (RESULTS, "train_config")):
+    for name, train_key in ((run_folder.RUN_CONFIG, "train"), (RESULTS, "train_config")):
         path = run_dir / name
         if path.exists():
             saved = json.loads(path.read_text())
             return {"project": saved["project"], "config": saved["config"], "train": saved[train_key]}
-    raise FileNotFoundError(f"{run_dir} holds neither {experiment.RUN_CONFIG} nor {RESULTS}: not a run folder "
+    raise FileNotFoundError(f"{run_dir} holds neither {run_folder.RUN_CONFIG} nor {RESULTS}: not a run folder "
                             "of a train.py.")
 
 
@@ -107,11 +107,11 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     model_cls = importlib.import_module(f"projects.{run['project']}.model").Model
     model_cfg = configs.ModelConfig(**ckpt["model_config"])
     tcfg, rcfg = run_configs(run["train"], args)
-    dataset, _ = experiment.load_data(rcfg, model_cfg, True, say, ddp)  # the trained model's vocab decides
+    dataset, _ = datasets.load_data(rcfg.data_root, model_cfg, True, say, ddp)  # the trained model's vocab decides
     splits = args.split or [s for s in dataset.splits if s != "train"]
     for split in splits:
         dataset.books(split)  # an unknown split fails here, before any work, with the splits there are
-    sp = experiment.load_tokenizer(dataset, rcfg, model_cfg.vocab_size)
+    sp = datasets.load_tokenizer(dataset, rcfg.tokenizer, model_cfg.vocab_size)
 
     model = model_cls(model_cfg).to(device)
     model.load_state_dict(ckpt["model"])

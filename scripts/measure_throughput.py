@@ -23,7 +23,6 @@ configs and labels the row `cpu`.
 
 import argparse
 import dataclasses
-import datetime
 import importlib
 import importlib.metadata
 import shlex
@@ -33,7 +32,7 @@ import torch
 
 from languini import flops, throughput
 from languini.flags import add_dataclass_flags, overrides, parse_bool
-from languini.measure import Measurement, measure_batch_size
+from languini.measure import Measurement, measure_batch_size, measured_row
 from languini.trainer import TrainConfig, precision_for
 
 MIN_TIMED_STEPS = 10
@@ -260,23 +259,8 @@ def main(argv=None) -> list[throughput.ThroughputRow]:
     model_overrides = overrides(args, load_configs(args.project).ModelConfig)
     spec, seq_len, best, n_fitted = measure_model(args.project, args.config, model_overrides, args, device, precision)
     hardware = throughput.local_device_name(device)
-    row = throughput.ThroughputRow(
-        project=args.project,
-        config=args.config,
-        model_fingerprint=spec.fingerprint,
-        model_flags=spec.flags,
-        hardware=hardware,
-        batch_size=best.batch_size,
-        seq_len=seq_len,
-        tokens_per_second=best.tokens_per_second,
-        peak_memory_gib=best.peak_memory_gib,
-        precision=precision,
-        compiled=args.compile,
-        torch_version=torch.__version__,
-        date=datetime.date.today().isoformat(),
-        source="measured",
-        note=run_note(args, n_fitted, argv),
-    )
+    row = measured_row(spec, hardware, best, seq_len, precision, args.compile,
+                       run_note(args, n_fitted, argv))
     rows = [row]
     if reference is not None:
         base_project, base_config = args.baseline.split(":")

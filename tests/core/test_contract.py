@@ -12,7 +12,8 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from languini import checkpoint, model_contract
-from languini.experiment import CPU_CONFIG, REPO_ROOT
+from languini.experiment import REPO_ROOT
+from languini.plan import CPU_CONFIG
 
 PROJECTS = sorted(path.parent.name for path in (REPO_ROOT / "projects").glob("*/model.py"))
 BATCH, LENGTH = 2, 12

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from languini import compute_class, stages, throughput
+from languini import plan as planning
 from languini.books import BooksDataset, TrainBatches
 from languini.experiment import main
 from projects.gpt import configs
@@ -100,7 +101,7 @@ def test_plan_without_a_row_for_a_stage_names_its_measure_command(tmp_path):
                      None) for s in stages.parse("8:0.25,32", 32)]
     with pytest.raises(throughput.ThroughputNotFoundError, match=r"(?s)stage 1 of --stages \(seq_len 8\).*"
                        r"measure_throughput.py gpt cpu .*--seq_len 8"):
-        compute_class.plan_training(throughput.model_spec("gpt", "cpu", cfg), "1s", 4, 32, registry, "cpu",
+        planning.plan_compute_class(throughput.model_spec("gpt", "cpu", cfg), "1s", 4, 32, registry, "cpu",
                                     stage_models=stage_models)
 
 

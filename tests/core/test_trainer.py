@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from languini import experiment, throughput
+from languini import datasets, measure, throughput
 from languini.books import BooksDataset
 from languini.experiment import REPO_ROOT, main
 from languini.measure import Measurement
@@ -311,7 +311,7 @@ class ByteTokenizer:
 def test_dry_run_prints_the_paper_plan(default_corpus_root, tmp_path, monkeypatch, capsys):
     # The paper's rows are of its models, vocabulary 16384 included: give the default corpus's books under that name.
     (tmp_path / "books_16384").symlink_to(default_corpus_root / "books_2048", target_is_directory=True)
-    monkeypatch.setattr(experiment, "load_tokenizer", lambda ds, tcfg, vocab_size: ByteTokenizer(vocab_size))
+    monkeypatch.setattr(datasets, "load_tokenizer", lambda ds, given, vocab_size: ByteTokenizer(vocab_size))
     assert main("gpt", configs, Model, ["--config", "small", "--compute_class", "6h", "--dry_run", "true",
                                          "--data_root", str(tmp_path), "--vocab_size", "16384"]) is None
     out = capsys.readouterr().out
@@ -333,10 +333,10 @@ def test_cpu_path_times_a_model_with_another_vocabulary_instead_of_reusing_a_row
                                                                                    monkeypatch, capsys):
     """Issue 13: the cpu config on book data (vocab 16384) is another model than on the default corpus (2048)."""
     (tmp_path / "books_16384").symlink_to(default_corpus_root / "books_2048", target_is_directory=True)
-    monkeypatch.setattr(experiment, "load_tokenizer", lambda ds, tcfg, vocab_size: ByteTokenizer(vocab_size))
+    monkeypatch.setattr(datasets, "load_tokenizer", lambda ds, given, vocab_size: ByteTokenizer(vocab_size))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     timed = []
-    monkeypatch.setattr(experiment.measure, "measure_batch_size", lambda model, cfg, batch, *rest: timed.append(
+    monkeypatch.setattr(measure, "measure_batch_size", lambda model, cfg, batch, *rest: timed.append(
         cfg.vocab_size) or Measurement(batch, 4096.0, 0.5, None))
     argv = ["--compute_class", "10s", "--dry_run", "true", "--data_root", str(tmp_path), "--vocab_size", "16384",
             "--out_dir", str(tmp_path / "runs")]
@@ -370,11 +370,11 @@ def test_a_config_named_cpu_is_timed_on_this_cpu_and_a_paper_config_is_not(defau
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     timed = []
 
-    def measure(model, cfg, batch, device, tcfg, *rest):
+    def timed_measurement(model, cfg, batch, device, tcfg, *rest):
         timed.append((cfg.mem_len, batch, tcfg.grad_clip))
         return Measurement(batch, 4096.0, 0.5, None)
 
-    monkeypatch.setattr(experiment.measure, "measure_batch_size", measure)
+    monkeypatch.setattr(measure, "measure_batch_size", timed_measurement)
     out_dir = tmp_path / "runs"
     argv = ["--compute_class", "6h", "--dry_run", "true", "--data_root", str(default_corpus_root), "--out_dir",
             str(out_dir)]
@@ -439,7 +439,7 @@ def data_dir(tmp_path, monkeypatch):
     """An empty data/ standing in for the repository's; the working directory is its parent."""
     data = tmp_path / "data"
     data.mkdir()
-    monkeypatch.setattr(experiment, "DEFAULT_DATA", data)
+    monkeypatch.setattr(datasets, "DEFAULT_DATA", data)
     monkeypatch.chdir(tmp_path)
     return data
 

@@ -1,0 +1,482 @@
+"""The plan of a run: what its budget buys one model on this hardware, computed in one place.
+
+plan_run turns the training settings (--compute_class or --max_steps, --stages, --tokens_per_second,
+--reference_hardware, the eval settings) into a Plan: the steps and tokens, the reference throughput they are
+charged at and the registry row it came from, each sequence-length stage, the evaluation the run will do and the
+wall time expected here. The dry run prints it (format_plan), the trainer follows it (Plan.steps,
+Plan.schedule), config.json and results.json record it (Plan.record), and a resumed run keeps the plan it
+started with (resumed).
+
+The throughput comes from --tokens_per_second, else from the project's registry row of this very model on the
+reference hardware (languini.throughput.lookup), else, on the CPU path (a CPU-sized config on a machine without
+a GPU: cpu_sized), from timing the model on this CPU (cpu_row), kept in <out_dir>/throughput.csv.
+
+The arithmetic stays beside it: languini.compute_class (a class in seconds, seconds to steps), languini.stages
+(steps per stage, the schedule), languini.throughput (the registry), languini.evaluation (positions read).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from languini import evaluation, flops, measure, stages, throughput
+from languini.compute_class import (DEFAULT_REFERENCE_HARDWARE, PAPER_COMPUTE_CLASSES, compute_class_seconds,
+                                    training_steps)
+from languini.run_folder import RUN_CONFIG
+from languini.trainer import TrainConfig, eval_every_max_batches, eval_interval, precision_for, progress_split
+
+CPU_CONFIG = "cpu"
+CPU_SUFFIX = "_cpu"  # configs named cpu or <anything>_cpu are sized for a CPU: without a GPU, timed on it
+CPU_MEASURE_STEPS, CPU_MEASURE_WARMUP = 10, 2  # timing a model on this CPU when the registry has no row for it
+# A forward pass costs a third of a training step (the paper's FLOPs convention: backward = 2 forwards), so
+# evaluation is planned at three times the training throughput.
+EVAL_SPEEDUP = 3
+
+
+def cpu_sized(config_name: str | None) -> bool:
+    """Whether a --config is sized for a CPU (None: the default there, 'cpu'): 'cpu' or a name ending in '_cpu'.
+    On a machine without a GPU such a config takes the CPU path: reference hardware 'cpu', no compute class's
+    GPU config or batch, and a model without a throughput row is timed on this CPU."""
+    return config_name is None or config_name == CPU_CONFIG or config_name.endswith(CPU_SUFFIX)
+
+
+@dataclass(frozen=True)
+class EvalWork:
+    """Token positions the model reads in evaluation (forward passes, padding included), from the eval settings."""
+
+    each_during_training: int  # one fast evaluation during training (capped by --eval_every_max_batches)
+    evaluations_during_training: int
+    final: int  # fast and slow evaluation of every held-out split at the end
+
+    @property
+    def during_training(self) -> int:
+        return self.each_during_training * self.evaluations_during_training
+
+
+@dataclass(frozen=True)
+class PlannedStage:
+    """One sequence-length stage of a plan (languini.stages): its length, steps and reference throughput."""
+
+    seq_len: int
+    fraction: float  # of the run's tokens
+    steps: int
+    tokens_per_second: float | None  # None: unknown (--max_steps without a row)
+    throughput_row: throughput.ThroughputRow | None  # None when given by --tokens_per_second (or unknown)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a budget buys one model: steps, tokens, the throughput they are charged at, the evaluation and the wall
+    time expected here; derived quantities are properties."""
+
+    model: throughput.ModelSpec
+    compute_class: str | None  # None: a --max_steps budget
+    reference_hardware: str
+    tokens_per_second: float | None  # reference throughput (with stages, their average); None: unknown
+    throughput_row: throughput.ThroughputRow | None  # None when given by --tokens_per_second (or unknown)
+    global_batch_size: int
+    seq_len: int
+    steps: int
+    flops_per_forward: float | None = None  # forward FLOPs of one sequence at batch 1
+    local_hardware: str | None = None
+    local_row: throughput.ThroughputRow | None = None  # the registry row of one local device
+    local_devices: int = 1
+    evaluation: EvalWork | None = None
+    compiled: bool = False
+    stages: tuple[PlannedStage, ...] | None = None  # --stages; then tokens_per_second is their average
+    given_tokens_per_second: float | None = None  # --tokens_per_second, which overrides every row
+    notes: tuple[str, ...] = ()  # said under the plan
+
+    def schedule(self) -> stages.Schedule:
+        """The step-by-step lengths and throughputs the trainer follows."""
+        if self.stages is None:
+            return stages.Schedule.single(self.seq_len, self.steps, self.tokens_per_second)
+        return stages.Schedule(tuple(s.seq_len for s in self.stages), tuple(s.steps for s in self.stages),
+                               tuple(s.tokens_per_second for s in self.stages))
+
+    @property
+    def throughput_source(self) -> str:
+        return "--tokens_per_second" if self.throughput_row is None else self.throughput_row.source
+
+    @property
+    def tokens(self) -> int:
+        return self.schedule().tokens(self.steps, self.global_batch_size)
+
+    @property
+    def accelerator_seconds(self) -> float | None:
+        return self.schedule().accelerator_seconds(self.steps, self.global_batch_size)
+
+    @property
+    def accelerator_hours(self) -> float | None:
+        seconds = self.accelerator_seconds
+        return None if seconds is None else seconds / 3600
+
+    @property
+    def total_flops(self) -> float | None:
+        """3 x forward FLOPs per sequence x sequences trained (backward counted as 2 forwards)."""
+        if self.flops_per_forward is None:
+            return None
+        return flops.train_flops_per_token(self.flops_per_forward, self.seq_len) * self.tokens
+
+    @property
+    def local_tokens_per_second(self) -> float | None:
+        """Training throughput of all local devices together, assuming linear data-parallel scaling."""
+        return None if self.local_row is None else self.local_row.tokens_per_second * self.local_devices
+
+    @property
+    def expected_wall_seconds(self) -> float | None:
+        """Training wall time on the local devices at their registry throughput (evaluation not included)."""
+        if self.local_row is not None and self.stages is not None:  # then every stage's row is a local one
+            return sum(s.steps * self.global_batch_size * s.seq_len / (s.tokens_per_second * self.local_devices)
+                       for s in self.stages)
+        return None if self.local_row is None else self.tokens / self.local_tokens_per_second
+
+    def expected_eval_seconds(self, positions: int) -> float | None:
+        """Wall time of evaluating `positions` token positions locally, at EVAL_SPEEDUP x training throughput."""
+        return None if self.local_row is None else positions / (EVAL_SPEEDUP * self.local_tokens_per_second)
+
+    def throughput_record(self) -> dict | None:
+        """The throughput the budget came from, for results.json: the registry row, or the hand-set value."""
+        if self.throughput_row is not None:
+            return dataclasses.asdict(self.throughput_row)
+        return None if self.given_tokens_per_second is None else {
+            "source": "--tokens_per_second", "tokens_per_second": self.given_tokens_per_second}
+
+    def record(self) -> dict:
+        """The budget as config.json keeps it (what a resumed run continues with: resumed)."""
+        return {"steps": self.steps, "tokens_per_second": self.tokens_per_second,
+                "throughput_row": self.throughput_record(),
+                **({"stages": self.schedule().records(self.global_batch_size)} if self.stages is not None else {})}
+
+
+def plan_compute_class(
+    model: throughput.ModelSpec,
+    compute_class: str,
+    global_batch_size: int,
+    seq_len: int,
+    registry: Path | str | None = None,
+    reference_hardware: str = DEFAULT_REFERENCE_HARDWARE,
+    tokens_per_second: float | None = None,
+    flops_per_forward: float | None = None,
+    local_hardware: str | None = None,
+    local_devices: int = 1,
+    evaluation: EvalWork | None = None,
+    compiled: bool = False,
+    row: throughput.ThroughputRow | None = None,
+    stage_models: list[tuple[stages.Stage, throughput.ModelSpec, throughput.ThroughputRow | None]] | None = None,
+) -> Plan:
+    """What a compute class buys `model`: throughput from `tokens_per_second` if given, else from `row`
+    (measured for this run on the reference hardware), else from the registry row of that very model
+    (throughput.lookup) on the reference hardware, eager or compiled as the run is.
+
+    `registry` defaults to projects/<project>/throughput.csv. Raises throughput.ThroughputNotFoundError (naming the
+    measuring command) when no row matches.
+
+    stage_models (--stages): each stage with the model at its length (the model's config at that seq_len) and a
+    row measured for this run or None; each stage's throughput is found as above, and the budget is split as
+    languini.stages.steps_for_budget says.
+    """
+    registry = throughput.registry_path(model.project) if registry is None else Path(registry)
+    if stage_models is not None:
+        return _plan_stages(model, compute_class, global_batch_size, seq_len, registry, reference_hardware,
+                            tokens_per_second, flops_per_forward, local_hardware, local_devices, evaluation, compiled,
+                            stage_models)
+    given = tokens_per_second
+    if tokens_per_second is not None:
+        row = None
+    elif row is None:
+        row = throughput.lookup(registry, model, reference_hardware, compiled)
+    if row is not None:
+        tokens_per_second = row.tokens_per_second
+    seconds = compute_class_seconds(compute_class)
+    local_row = None
+    if row is not None and local_hardware is not None and throughput.hardware_matches(row.hardware, local_hardware):
+        local_row = row
+    elif local_hardware is not None:
+        try:
+            local_row = throughput.lookup(registry, model, local_hardware, compiled)
+        except throughput.ThroughputNotFoundError:
+            pass  # the wall-time estimate is optional; format_plan says how to get it
+    return Plan(model=model, compute_class=compute_class, reference_hardware=reference_hardware,
+                tokens_per_second=float(tokens_per_second), throughput_row=row, global_batch_size=global_batch_size,
+                seq_len=seq_len, steps=training_steps(seconds, tokens_per_second, global_batch_size, seq_len),
+                flops_per_forward=flops_per_forward, local_hardware=local_hardware, local_row=local_row,
+                local_devices=local_devices, evaluation=evaluation, compiled=compiled, given_tokens_per_second=given)
+
+
+def _plan_stages(model, compute_class, global_batch_size, seq_len, registry, reference_hardware, tokens_per_second,
+                 flops_per_forward, local_hardware, local_devices, evaluation, compiled, stage_models) -> Plan:
+    rows, rates = [], []
+    for i, (stage, spec, row) in enumerate(stage_models):
+        if tokens_per_second is None and row is None:
+            try:
+                row = throughput.lookup(registry, spec, reference_hardware, compiled)
+            except throughput.ThroughputNotFoundError as error:
+                raise throughput.ThroughputNotFoundError(
+                    f"stage {i + 1} of --stages (seq_len {stage.seq_len}) is charged at its own throughput: "
+                    f"{error}") from None
+        rows.append(None if tokens_per_second is not None else row)
+        rates.append(tokens_per_second if tokens_per_second is not None else row.tokens_per_second)
+    parsed = tuple(stage for stage, _, _ in stage_models)
+    steps = stages.steps_for_budget(parsed, compute_class_seconds(compute_class), rates, global_batch_size)
+    planned = tuple(PlannedStage(s.seq_len, float(s.fraction), n, float(v), r)
+                    for s, n, v, r in zip(parsed, steps, rates, rows))
+    # wall time expected here only when every stage's row was measured on this hardware
+    local = [r for r in rows if r is not None and local_hardware is not None
+             and throughput.hardware_matches(r.hardware, local_hardware)]
+    plan = Plan(model=model, compute_class=compute_class, reference_hardware=reference_hardware,
+                tokens_per_second=1.0, throughput_row=rows[-1], global_batch_size=global_batch_size,
+                seq_len=seq_len, steps=sum(steps), flops_per_forward=flops_per_forward,
+                local_hardware=local_hardware, local_row=local[-1] if len(local) == len(rows) else None,
+                local_devices=local_devices, evaluation=evaluation, compiled=compiled, stages=planned,
+                given_tokens_per_second=tokens_per_second)
+    # the run's average reference throughput, so that tokens / tokens_per_second is the plan's accelerator time
+    return dataclasses.replace(plan, tokens_per_second=plan.tokens / plan.accelerator_seconds)
+
+
+def plan_run(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainConfig, device: torch.device,
+             world_size: int, flops_per_forward: float | None, dataset, stateful: bool, cpu_path: bool, out_dir: str,
+             say) -> Plan:
+    """The plan of a run of `model` (model_cls(model_cfg)) with these training settings on `world_size` of
+    `device`: a --max_steps budget, or a --compute_class one (plan_compute_class), which on the CPU path
+    (cpu_path: a CPU-sized config without a GPU) times a model it has no row for (cpu_row). The evaluation it
+    will do is planned from `dataset` (None: not planned); `say` prints the CPU timing's progress."""
+    staged = stages.parse(tcfg.stages, model_cfg.seq_len) if tcfg.stages is not None else None
+    local_hw = throughput.local_device_name(device)
+    if tcfg.max_steps is not None:
+        return _plan_steps(model, model_cfg, tcfg, local_hw, world_size, flops_per_forward, staged)
+    if tcfg.compute_class is None:
+        raise ValueError("Give a budget: --compute_class (e.g. 6h, 24h, 15m, 90s) or --max_steps N.")
+    registry = throughput.registry_path(model.project)
+
+    def plan_for(row=None, time_stage=None):
+        return plan_compute_class(
+            model, tcfg.compute_class, tcfg.batch_size, model_cfg.seq_len, registry, tcfg.reference_hardware,
+            tcfg.tokens_per_second, flops_per_forward, local_hw, world_size, compiled=tcfg.compile, row=row,
+            stage_models=stage_models(model, model_cfg, staged, time_stage) if staged else None)
+
+    try:
+        plan = plan_for()
+    except throughput.ThroughputNotFoundError as error:
+        # The CPU path's reference is this machine: a model it has no row for (another vocabulary, other flags)
+        # is timed here. Processes would time it differently, so not under torchrun.
+        if not (cpu_path and world_size == 1 and throughput.hardware_matches(tcfg.reference_hardware, local_hw)):
+            if device.type == "cpu" and not cpu_path:
+                raise throughput.ThroughputNotFoundError(
+                    f"{error}\nWithout a GPU only a CPU-sized config ('{CPU_CONFIG}' or a name ending in "
+                    f"'{CPU_SUFFIX}') is timed on this CPU; '{model.config}' is planned against the registry."
+                ) from None
+            raise
+
+        def time_stage(spec, cfg):  # this CPU's row for a stage's length where the registry has none
+            return (_registry_row(registry, spec, tcfg)
+                    or cpu_row(spec, model_cls, cfg, tcfg, out_dir, device, say))
+
+        plan = (plan_for(time_stage=time_stage) if staged
+                else plan_for(cpu_row(model, model_cls, model_cfg, tcfg, out_dir, device, say)))
+    if dataset is not None:
+        plan = dataclasses.replace(plan, evaluation=eval_work(dataset, tcfg, model_cfg.seq_len, plan.steps, stateful))
+    if cpu_path and tcfg.compute_class in PAPER_COMPUTE_CLASSES:
+        plan = dataclasses.replace(plan, notes=(
+            f"Note: without a GPU, --compute_class {tcfg.compute_class} means {tcfg.compute_class} of this CPU "
+            f"training the toy config '{model.config}', not the paper's {tcfg.compute_class} class on an RTX 3090. "
+            "For a smoke run of a few minutes use --compute_class 2m; to plan the paper's class, name its "
+            "config (--config small --dry_run true) on the book data it is defined for (vocab 16384).",))
+    return plan
+
+
+def _plan_steps(model, model_cfg, tcfg: TrainConfig, local_hw: str, world_size: int, flops_per_forward,
+                staged) -> Plan:
+    """A --max_steps plan: the registry row of the model (or --tokens_per_second), where there is one, only
+    gives its accelerator time; with --stages, each stage at its own length's throughput."""
+    registry, row = throughput.registry_path(model.project), None
+    tok_s = tcfg.tokens_per_second
+    if tok_s is None:
+        row = _registry_row(registry, model, tcfg)  # None: accelerator time unknown
+        tok_s = row.tokens_per_second if row else None
+    planned = None
+    if staged:
+        rows = [None if tcfg.tokens_per_second else _registry_row(registry, spec, tcfg)
+                for _, spec, _ in stage_models(model, model_cfg, staged)]
+        planned = tuple(PlannedStage(s.seq_len, float(s.fraction), n,
+                                     tcfg.tokens_per_second or (r.tokens_per_second if r else None), r)
+                        for s, n, r in zip(staged, stages.steps_for_total(staged, tcfg.max_steps), rows))
+    return Plan(model=model, compute_class=None, reference_hardware=tcfg.reference_hardware, tokens_per_second=tok_s,
+                throughput_row=row, global_batch_size=tcfg.batch_size, seq_len=model_cfg.seq_len,
+                steps=tcfg.max_steps, flops_per_forward=flops_per_forward, local_hardware=local_hw,
+                local_devices=world_size, compiled=tcfg.compile, stages=planned,
+                given_tokens_per_second=tcfg.tokens_per_second)
+
+
+def _registry_row(registry: Path, spec: throughput.ModelSpec, tcfg: TrainConfig) -> throughput.ThroughputRow | None:
+    """The registry row of `spec` on the reference hardware, or None."""
+    try:
+        return throughput.lookup(registry, spec, tcfg.reference_hardware, tcfg.compile)
+    except throughput.ThroughputNotFoundError:
+        return None
+
+
+def stage_models(model: throughput.ModelSpec, model_cfg, staged: tuple, time_stage=None) -> list[tuple]:
+    """Each stage with the model at its length (the config at the stage's seq_len), charged at that model's
+    throughput, and its row from `time_stage(spec, config)` where given (else None: the registry's)."""
+    models = []
+    for stage in staged:
+        cfg = dataclasses.replace(model_cfg, seq_len=stage.seq_len)
+        spec = throughput.model_spec(model.project, model.config, cfg)
+        models.append((stage, spec, time_stage(spec, cfg) if time_stage else None))
+    return models
+
+
+def cpu_row(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainConfig, out_dir: str, device: torch.device,
+            say) -> throughput.ThroughputRow:
+    """This CPU's row for `model` when the project's registry has none: from <out_dir>/throughput.csv, where the
+    first run of the model here keeps the row it timed, so later runs (and resumed ones) get the same steps."""
+    kept, hardware = Path(out_dir) / "throughput.csv", throughput.local_device_name(device)
+    try:
+        return throughput.lookup(kept, model, hardware, tcfg.compile)
+    except throughput.ThroughputNotFoundError:
+        pass
+    say(f"No throughput row for {model} on this CPU: timing {CPU_MEASURE_STEPS} training steps at batch "
+        f"{tcfg.batch_size}...")
+    precision = precision_for(device, tcfg.precision)[2]
+    torch.manual_seed(0)
+    timed = measure.measure_batch_size(model_cls(model_cfg).to(device).train(), model_cfg, tcfg.batch_size, device,
+                                       tcfg, CPU_MEASURE_STEPS, CPU_MEASURE_WARMUP)  # the steps this run trains
+    row = measure.measured_row(model, hardware, timed, model_cfg.seq_len, precision, tcfg.compile,
+                               f"fixed batch size; timed by train.py before its run (micro_batches "
+                               f"{tcfg.micro_batches}, grad_clip {tcfg.grad_clip})")
+    throughput.append_row(kept, row)
+    say(f"Measured {row.tokens_per_second:,.0f} tokens/s; kept in {throughput.display_path(kept)} for the next runs of "
+        f"this model here. Its compute classes are this machine's time.")
+    return row
+
+
+def eval_work(dataset, tcfg: TrainConfig, seq_len: int, steps: int, stateful: bool) -> EvalWork:
+    """The evaluation a run of `steps` steps will do on `dataset` with these eval settings, in token positions."""
+    held_out = [s for s in dataset.splits if s != "train"]
+    final = sum(evaluation.fast_positions(dataset.books(s), tcfg.eval_batch_size, seq_len, tcfg.eval_max_batches)
+                + evaluation.slow_positions(dataset.books(s), seq_len, tcfg.slow_eval_max_windows, stateful,
+                                            tcfg.slow_eval, tcfg.slow_eval_last_n)
+                for s in held_out)
+    each = evaluation.fast_positions(dataset.books(progress_split(dataset.splits)), tcfg.eval_batch_size, seq_len,
+                                     eval_every_max_batches(tcfg))
+    return EvalWork(each, (steps - 1) // eval_interval(tcfg, steps), final)
+
+
+def resumed(plan: Plan, run_dir: Path, say) -> Plan:
+    """A resumed compute-class run keeps the budget and stages it started with (its config.json), even if the
+    registry has gained a newer row since; `plan` otherwise."""
+    if plan.compute_class is None:
+        return plan
+    try:
+        started = json.loads((run_dir / RUN_CONFIG).read_text())
+    except (OSError, ValueError):
+        return plan
+    if "tokens_per_second" in started and (started["steps"], started["tokens_per_second"]) != (
+            plan.steps, plan.tokens_per_second):
+        say(f"Continuing with the budget the run started with: {started['steps']:,} steps at "
+            f"{started['tokens_per_second']:,.0f} tokens/s (the registry now gives {plan.steps:,} steps at "
+            f"{plan.tokens_per_second:,.0f}).")
+        kept = started.get("throughput_row")
+        plan = dataclasses.replace(plan, steps=started["steps"], tokens_per_second=started["tokens_per_second"],
+                                   throughput_row=throughput.ThroughputRow(**kept) if kept and "project" in kept
+                                   else None)
+    stages_started = started.get("stages")
+    total = sum(s["tokens"] for s in stages_started or ()) or 1
+    return dataclasses.replace(plan, stages=tuple(
+        PlannedStage(s["seq_len"], s["tokens"] / total, s["steps"], s["tokens_per_second"], None)
+        for s in stages_started) if stages_started else None)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+def _throughput_text(plan: Plan) -> str:
+    row = plan.throughput_row
+    if plan.stages is not None:
+        return f"{plan.tokens_per_second:,.0f} tokens/s on average over the stages (each at its own, below)"
+    if row is None:
+        return f"{plan.tokens_per_second:,.0f} tokens/s (--tokens_per_second)"
+    when = f", {row.date}" if row.date else ""
+    text = f"{plan.tokens_per_second:,.0f} tokens/s ({row.source} on {row.hardware}{when})"
+    if row.source == "derived":
+        text += f"\n  {row.note.split('; ')[0]}"
+    return text
+
+
+def describe_schedule(schedule: stages.Schedule) -> str:
+    return ", then ".join(f"{n:,} steps at {length}" for length, n in zip(schedule.seq_lens, schedule.steps))
+
+
+def format_plan(plan: Plan) -> str:
+    """The plan as `train.py --dry_run` prints it: one line for --max_steps, an aligned table for a compute
+    class; its notes below."""
+    if plan.compute_class is None:
+        return (f"Training {plan.model.project}/{plan.model.config} for --max_steps {plan.steps} (no compute class)"
+                + (f" in stages: {describe_schedule(plan.schedule())}." if plan.stages is not None else "."))
+    rows = [
+        ("project / config", f"{plan.model.project} / {plan.model.config}"
+                             f"{' ' + plan.model.flags if plan.model.flags else ''}"),
+        ("model fingerprint", plan.model.fingerprint),
+        ("compute class", plan.compute_class),
+        ("reference hardware", plan.reference_hardware),
+        ("throughput", _throughput_text(plan)),
+        ("global batch size", f"{plan.global_batch_size:,}"),
+        ("sequence length", f"{plan.seq_len:,}"),
+        *_stage_rows(plan),
+        ("steps", f"{plan.steps:,}"),
+        ("tokens", f"{plan.tokens:,} ({plan.tokens / 1e9:.3f}B)"),
+        ("accelerator hours", f"{plan.accelerator_hours:.3f} ({plan.accelerator_seconds:,.0f} s on {plan.reference_hardware})"),
+    ]
+    if plan.total_flops is None:
+        rows.append(("estimated FLOPs", "unknown (no forward FLOPs given)"))
+    else:
+        rows.append(("forward FLOPs (batch 1)", f"{plan.flops_per_forward / 1e9:.1f} GFLOPs"))
+        rows.append(("estimated FLOPs", f"{plan.total_flops:.4g} ({plan.total_flops / 1e18:.3f} exaFLOPs = 3 x forward x sequences)"))
+    if plan.local_hardware is not None:
+        rows += _wall_time_rows(plan)
+    width = max(len(label) for label, _ in rows)
+    return "\n".join([f"{label:<{width}}  " + value.replace("\n", "\n" + " " * (width + 2)) for label, value in rows]
+                     + list(plan.notes))
+
+
+def _stage_rows(plan: Plan) -> list[tuple[str, str]]:
+    """One row per stage of --stages: its length, share of the tokens, steps and the throughput it is charged at."""
+    rows = []
+    for i, stage in enumerate(plan.stages or ()):
+        tokens = stage.steps * plan.global_batch_size * stage.seq_len
+        source = ("--tokens_per_second" if stage.throughput_row is None
+                  else f"{stage.throughput_row.source} on {stage.throughput_row.hardware}")
+        rows.append((f"stage {i + 1}", f"{stage.seq_len} tokens x {stage.steps:,} steps = "
+                     f"{tokens:,} tokens ({stage.fraction:.0%}), {tokens / stage.tokens_per_second:,.0f} s at "
+                     f"{stage.tokens_per_second:,.0f} tokens/s ({source})"))
+    return rows
+
+
+def _wall_time_rows(plan: Plan) -> list[tuple[str, str]]:
+    if plan.local_row is None:
+        return [("expected wall time", f"unknown: no registry row for this model on {plan.local_hardware}; measure "
+                                       f"it with {throughput.measure_command(plan.model, compiled=plan.compiled)}")]
+    devices = f" x {plan.local_devices}" if plan.local_devices > 1 else ""
+    train = plan.expected_wall_seconds
+    rows = [("expected wall time", f"training {_duration(train)} on {plan.local_hardware}{devices} at "
+                                   f"{plan.local_row.tokens_per_second:,.0f} tokens/s each")]
+    work = plan.evaluation
+    if work is not None:
+        during, final = plan.expected_eval_seconds(work.during_training), plan.expected_eval_seconds(work.final)
+        rows += [
+            ("", f"evaluation {_duration(during + final)}: {work.evaluations_during_training} x "
+                 f"{work.each_during_training:,} positions during training ({_duration(during)}), {work.final:,} "
+                 f"at the end ({_duration(final)}); forward passes at {EVAL_SPEEDUP}x the training throughput"),
+            ("", f"total {_duration(train + during + final)} (the compute class counts training only)"),
+        ]
+    return rows
