@@ -66,7 +66,7 @@ throughput_sweep() {  # project [more flags]; the largest batch tried is that of
 }
 
 bench_qlstm() {
-    python scripts/bench_qlstm.py --steps 3 --warmup 1
+    python projects/qlstm/bench_cells.py --steps 3 --warmup 1
 }
 
 bench_memory_layers() {  # precision; widths and targets that give every fact the LRAM goals are read against

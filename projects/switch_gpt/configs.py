@@ -1,7 +1,7 @@
 """GPT sizes (Languini paper, Table 4) with Switch mixture-of-experts MLPs, and the GPT's compute classes.
 
 "<size>" has E = 8 experts, "<size>_e32" and "<size>_e64" 32 and 64, for mini, tiny and small; "cpu" is a
-smoke-test size. `python -m projects.switch_gpt.configs` prints every config's parameter count.
+smoke-test size. `python -m projects.switch_gpt.model` prints every config's parameter count.
 """
 from dataclasses import dataclass, replace
 
@@ -87,16 +87,3 @@ def get(name: str, **overrides) -> ModelConfig:
     check(cfg)
     return cfg
 
-
-if __name__ == "__main__":
-    import torch
-
-    from projects.switch_gpt.model import Model
-
-    print(f"{'config':<10} {'E':>3} {'MoE blocks':>10} {'parameters':>14} {'active per token':>17}")
-    for name, cfg in SIZES.items():
-        with torch.device("meta"):
-            model = Model(cfg)
-        total = sum(p.numel() for p in model.parameters())
-        print(f"{name:<10} {cfg.n_experts:>3} {len(moe_blocks(cfg)):>10} {total / 1e6:>13.1f}M "
-              f"{model.active_parameters() / 1e6:>16.1f}M")

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from projects.switch_gpt.configs import ModelConfig, check, moe_blocks
+from projects.switch_gpt.configs import SIZES, ModelConfig, check, moe_blocks
 from projects.switch_gpt.ops.moe.naive import experts_naive
 
 ATTENTION = ("math", "sdpa")
@@ -250,3 +250,13 @@ def load_stats(counts: torch.Tensor) -> dict:
         return {"share": [0.0] * len(counts), "cv": 0.0, "tokens": 0}
     return {"share": (counts / total).tolist(), "cv": (counts.std(correction=0) / counts.mean()).item(),
             "tokens": int(total)}
+
+
+if __name__ == "__main__":  # every config's parameter count (the README's table)
+    print(f"{'config':<10} {'E':>3} {'MoE blocks':>10} {'parameters':>14} {'active per token':>17}")
+    for name, cfg in SIZES.items():
+        with torch.device("meta"):
+            model = Model(cfg)
+        total = sum(p.numel() for p in model.parameters())
+        print(f"{name:<10} {cfg.n_experts:>3} {len(moe_blocks(cfg)):>10} {total / 1e6:>13.1f}M "
+              f"{model.active_parameters() / 1e6:>16.1f}M")

@@ -1,14 +1,24 @@
-"""scripts/bench_attention_memory.py runs on CPU and prints a row per layer, memory and mode (Triton: GPU only)."""
-import importlib.util
+"""projects/compressive/bench_attention_memory.py runs on CPU and prints a row per layer, memory and mode (Triton:
+GPU only), and its copy of the GPT's attention computes what projects/gpt/model.py's does."""
+import pytest
+import torch
 
-from languini.experiment import REPO_ROOT
+from projects.compressive import bench_attention_memory as bench
+from projects.gpt import configs as gpt_configs
+from projects.gpt.model import Attention
+
+
+@pytest.mark.parametrize("impl", ["math", "sdpa"])
+def test_gpt_attention_copy_matches_the_gpt(impl):
+    torch.manual_seed(0)
+    gpt = Attention(gpt_configs.ModelConfig(d_model=24, n_heads=3, d_head=8, seq_len=7, attention=impl))
+    copy = bench.GPTAttention(24, 3, 8, impl)
+    copy.load_state_dict(gpt.state_dict())  # the same parameter names and shapes
+    x = torch.randn(2, 7, 24)
+    torch.testing.assert_close(copy(x), gpt(x), rtol=1e-5, atol=1e-6)
 
 
 def test_bench_prints_a_row_per_layer_memory_and_mode(capsys, single_thread):
-    spec = importlib.util.spec_from_file_location("bench_attention_memory",
-                                                  REPO_ROOT / "scripts" / "bench_attention_memory.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     bench.main(["--d_model", "32", "--n_heads", "2", "--d_head", "16", "--seq_len", "16", "--memories", "0", "8",
                 "--batch_size", "1", "--repeats", "1", "--warmup", "0"])
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(("gpt", "compressive"))]

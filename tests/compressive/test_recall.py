@@ -1,21 +1,10 @@
-"""scripts/compressive_recall.py: the recall task's streams against a hand-worked layout, and its distance bands
+"""projects/compressive/recall.py: the recall task's streams against a hand-worked layout, and its distance bands
 against a brute-force simulation of which positions each model's memories hold (Algorithm 5's FIFOs replayed on
 position numbers), not against the script's own range arithmetic."""
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def recall():
-    spec = importlib.util.spec_from_file_location("compressive_recall", REPO / "scripts" / "compressive_recall.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from projects.compressive import recall
 
 
 # T = 4, n_m = 4, n_cm = 4, c = 2, one layer. By hand: a Transformer-XL query at segment index i (0..3) reads
@@ -28,7 +17,7 @@ HAND_BANDS = {"near": (1, 4), "far": (12, 12), "beyond": (16, 16)}
 HAND_QUERIES = {2: 1, 3: 2, 4: 3, 5: 4, 13: 12, 17: 16}  # episode offset -> distance to the payload's last copy
 
 
-def test_bands_and_episode_by_hand(recall):
+def test_bands_and_episode_by_hand():
     task = recall.RecallTask(**TINY)
     assert task.bands() == HAND_BANDS
     assert task.episode_len == 18
@@ -37,7 +26,7 @@ def test_bands_and_episode_by_hand(recall):
     assert [task.coverage(b, True) for b in HAND_BANDS] == ["all", "all", "none"]  # 4, 12 <= 12; 16 > 15
 
 
-def test_no_far_band_is_refused(recall):
+def test_no_far_band_is_refused():
     # c = 2 with two layers: the Transformer-XL's 3 + 2 x 8 = 19 is past the Compressive's 4 + 2 x 4 = 12
     with pytest.raises(ValueError, match="no distance"):
         recall.RecallTask(**{**TINY, "n_layers": 2})
@@ -45,7 +34,7 @@ def test_no_far_band_is_refused(recall):
         recall.RecallTask(**{**TINY, "seq_len": 5})
 
 
-def test_stream_layout_by_hand(recall):
+def test_stream_layout_by_hand():
     task = recall.RecallTask(**TINY)
     tokens, targets, distances = recall.make_stream(task, 3 * 18, torch.Generator().manual_seed(1), phase=0)
     for e in range(3):
@@ -65,7 +54,7 @@ def test_stream_layout_by_hand(recall):
     assert [bands[18 + offset].item() for offset in sorted(HAND_QUERIES)] == [0, 0, 0, 0, 1, 2]
 
 
-def test_phase_drops_queries_without_payload(recall):
+def test_phase_drops_queries_without_payload():
     task = recall.RecallTask(**TINY)
     tokens, targets, distances = recall.make_stream(task, 26, torch.Generator().manual_seed(2), phase=10)
     # stream position 0 is episode offset 10: the cut episode's queries at offsets 13, 17 (positions 3, 7) go;
@@ -111,7 +100,7 @@ def reach(visible, layers: int):
     ({**TINY, "compression_rate": 4, "n_layers": 2}, (19, 43),
      {"near": (1, 4), "far": (20, 20), "beyond": (44, 44)}),
 ])
-def test_bands_against_simulated_memories(recall, sizes, hand_farthest, hand_bands):
+def test_bands_against_simulated_memories(sizes, hand_farthest, hand_bands):
     task = recall.RecallTask(**sizes)
     T, n_m, n_cm, c, layers = (sizes[k] for k in ("seq_len", "mem_len", "cmem_len", "compression_rate", "n_layers"))
     n = 12 * task.episode_len
@@ -142,7 +131,7 @@ def test_bands_against_simulated_memories(recall, sizes, hand_farthest, hand_ban
             assert seen_txl == seen_comp == []
 
 
-def test_script_runs_end_to_end(recall, capsys):
+def test_script_runs_end_to_end(capsys):
     rows = recall.main(["--steps", "3", "--eval_streams", "2", "--eval_tokens", "256", "--d_model", "16",
                         "--n_heads", "2", "--seq_len", "4", "--mem_len", "4", "--cmem_len", "4"])
     assert [(r["model"], r["band"]) for r in rows] == [(m, b) for m in ("Compressive", "Transformer-XL")

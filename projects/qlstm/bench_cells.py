@@ -6,8 +6,8 @@ embedding or output head, so the numbers are higher than a full model's; they co
 recurrence implementations: the minimal for-loop, block-parallel at several block lengths, and the
 Triton scan. Timed by languini.timing: the median step, CUDA events on a GPU, a wall clock on CPU.
 
-    python scripts/bench_qlstm.py                       # qLSTM-small-sized stack on the GPU
-    python scripts/bench_qlstm.py --d_model 16 --n_layers 1 --batch 2 --seq_len 33 \\
+    python projects/qlstm/bench_cells.py                # qLSTM-small-sized stack on the GPU
+    python projects/qlstm/bench_cells.py --d_model 16 --n_layers 1 --batch 2 --seq_len 33 \\
         --heads 1x16,2x8 --steps 1 --warmup 0            # a smoke test on CPU
 """
 

@@ -5,10 +5,10 @@
 # row), has its own timeout and does not stop the ones after it; $OUT/summary.tsv lists step, exit code,
 # seconds. Timeouts sum to 385 s.
 #
-#   OUT=/path/to/results bash scripts/gpu_check_lram_v2.sh
+#   OUT=/path/to/results bash projects/lram_gpt/gpu_check_v2.sh     (from any folder; it runs in the repository root)
 set -u
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export WANDB_MODE=disabled
 export OUT="${OUT:-gpu_results}"

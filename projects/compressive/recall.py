@@ -4,7 +4,7 @@ attention cost of n_m + n_cm memories). Both models (projects/compressive, Trans
 mem_len n_m + n_cm) are trained on the same streams and scored on queries whose answer lies at a distance no
 Transformer-XL query can reach and every Compressive Transformer query can.
 
-    python scripts/compressive_recall.py                  # defaults: 1 layer, segment 16, n_m 16, n_cm 32, c 2
+    python projects/compressive/recall.py                 # defaults: 1 layer, segment 16, n_m 16, n_cm 32, c 2
 
 The task. Each stream is a sequence of episodes of E positions (E a multiple of c). An episode opens with a
 payload symbol (one of --payloads) held for c positions, aligned to a multiple of c; the rest are random filler
@@ -305,7 +305,7 @@ def main(argv=None) -> list[dict]:
                           compression_rate=args.compression_rate, n_layers=args.n_layers, n_payloads=args.payloads,
                           n_fillers=args.fillers, queries=args.queries)
     except ValueError as error:
-        raise SystemExit(f"compressive_recall.py: error: {error}") from None
+        raise SystemExit(f"recall.py: error: {error}") from None
     describe(task)
     started, rows = time.perf_counter(), []
     for compressive, label in ((True, "Compressive"), (False, "Transformer-XL")):

@@ -1,14 +1,9 @@
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_qlstm.py"
+"""projects/qlstm/bench_cells.py prints one row per recurrence implementation."""
+from projects.qlstm import bench_cells
 
 
 def test_bench_prints_one_row_per_implementation(capsys):
-    spec = importlib.util.spec_from_file_location("bench_qlstm", SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    bench.main(["--device", "cpu", "--d_model", "8", "--n_layers", "1", "--batch", "1", "--seq_len", "5",
+    bench_cells.main(["--device", "cpu", "--d_model", "8", "--n_layers", "1", "--batch", "1", "--seq_len", "5",
                 "--heads", "2x4", "--block_lens", "1,2", "--steps", "1", "--warmup", "0"])
     lines = capsys.readouterr().out.strip().splitlines()
     rows = [line.split(" | ") for line in lines[3:]]

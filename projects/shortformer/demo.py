@@ -1,7 +1,7 @@
 """The Shortformer's claim in the compute-class protocol, on CPU: the GPT, PIA with cache, and PIA with cache and
 staged training, each trained for the same compute class on the default corpus, side by side.
 
-    python scripts/shortformer_demo.py --compute_class 2m
+    python projects/shortformer/demo.py --compute_class 2m
 
 Each run is an ordinary train.py run (its folder under --out_dir; a finished one is reused, so the table can be
 printed again). Without a GPU a compute class is this machine's time, each model timed here by train.py before

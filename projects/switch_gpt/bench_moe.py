@@ -7,8 +7,8 @@ forward + backward of the layer on `--tokens` tokens of width d_model (training 
 dropped) and reports tokens/s and its ratio to the dense MLP measured in the same run. The Triton rows need a GPU
 (on CPU they would time the interpreter). Timed with CUDA events on a GPU, a wall clock on CPU; medians.
 
-    python scripts/bench_moe.py                                     # small's width, 16 x 512 tokens, E 8/32/64
-    python scripts/bench_moe.py --d_model 64 --tokens 256 --experts 8 --steps 1 --warmup 0   # a smoke test
+    python projects/switch_gpt/bench_moe.py                         # small's width, 16 x 512 tokens, E 8/32/64
+    python projects/switch_gpt/bench_moe.py --d_model 64 --tokens 256 --experts 8 --steps 1 --warmup 0   # a smoke test
 """
 import argparse
 import statistics
