@@ -289,12 +289,13 @@ class TrainBatches:
         self.seq_len, self.micro_batches, self.schedule = seq_len, micro_batches, schedule
 
     def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Inputs and targets of shape (micro_batches, per_micro_batch, the step's seq_len)."""
+        """Inputs and targets of shape (micro_batches, per_micro_batch, the step's seq_len); with a schedule whose
+        stage reads r sequences per stream (languini.stages.rows_per_stream), a stream's r rows are adjacent."""
         if self.schedule is None:
-            T, start = self.seq_len, step * self.seq_len
+            T, starts = self.seq_len, [step * self.seq_len]
         else:
-            T, start = self.schedule.seq_len_at(step), self.schedule.offset(step)
-        seq = np.stack([s.read(start, T + 1) for s in self.streams])
+            T, starts = self.schedule.seq_len_at(step), self.schedule.row_starts(step)
+        seq = np.stack([s.read(start, T + 1) for s in self.streams for start in starts])
         seq = torch.from_numpy(seq).view(self.micro_batches, -1, T + 1)
         return seq[..., :-1], seq[..., 1:]
 
@@ -356,15 +357,24 @@ def window_plan(stream_length: int, seq_len: int, last_n: int, protocol: str) ->
     return windows
 
 
+def spread(items: list, count: int | None) -> list:
+    """`count` of the items, evenly spaced from the first (all of them when count is None or not smaller): a
+    capped slow evaluation samples the whole split, not only its start."""
+    if count is None or count >= len(items):
+        return list(items)
+    return [items[i * len(items) // count] for i in range(count)]
+
+
 def sliding_windows(books: list[Book], vocab_size: int, seq_len: int, last_n: int, batch_size: int,
                     rank: int = 0, world_size: int = 1, max_windows: int | None = None, protocol: str = "last_n"):
     """The slow eval of section 4.2.1: the split as one stream, in windows of seq_len (see window_plan).
 
     Windows are independent, so they are batched (`batch_size` at a time) with the same numbers as batch 1
-    and shared among `world_size` processes. Yields (inputs, targets, mask) of shape (n, seq_len).
+    and shared among `world_size` processes; `max_windows` of them, evenly spaced over the split (spread).
+    Yields (inputs, targets, mask) of shape (n, seq_len).
     """
     stream = Stream(books, vocab_size, repeat=False)
-    windows = window_plan(stream.length, seq_len, last_n, protocol)[:max_windows]
+    windows = spread(window_plan(stream.length, seq_len, last_n, protocol), max_windows)
     mine = windows[rank::world_size]
     for i in range(0, len(mine), batch_size):
         batch = mine[i:i + batch_size]

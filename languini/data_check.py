@@ -88,7 +88,7 @@ def check(dataset: BooksDataset, progress: bool = True) -> list[str]:
             jobs.append((split, book, split != "train", hashes.get(book.path.relative_to(dataset.dir).as_posix())))
     with ThreadPoolExecutor(8) as pool:  # file opens dominate on network filesystems
         results = pool.map(lambda job: check_book(job[1], dataset.vocab_size, job[2], job[3]), jobs)
-        results = list(tqdm(results, total=len(jobs), desc="checking data", unit="book", disable=not progress,
+        results = list(tqdm(results, total=len(jobs), desc="checking data", unit="book", disable=None if progress else True,
                             leave=False))
     mismatched: dict[str, list[str]] = {}
     for (split, book, _, _), (problem, warning) in zip(jobs, results):

@@ -46,21 +46,45 @@ def dataset_vocab(root: Path, config_vocab: int, vocab_given: bool) -> int | Non
                     f"config's vocab {config_vocab}: choose one with --vocab_size.")
 
 
-def load_data(data_root: str | None, model_cfg, vocab_given: bool, say, ddp) -> tuple[BooksDataset, object]:
+PREPARE = "python scripts/prepare_books.py ../shared/data/pgbooks"  # a folder of books with split sub-folders
+
+
+def prepare_hint(out: Path | None = None) -> str:
+    """The command that prepares a dataset (into `out`; None: the repository's data/, where runs find it)."""
+    return PREPARE + (f" --out {out}" if out is not None else "") + " (or any folder of books: BOOKS/train/*.txt, ...)"
+
+
+def load_data(data_root: str | None, model_cfg, vocab_given: bool, say, ddp, smoke_corpus: bool = True,
+              dry_run: bool = False) -> tuple[BooksDataset | None, object]:
     """The dataset and the model config, its vocab set to the data's unless --vocab_size was given.
 
-    `data_root` (--data_root), else a dataset prepared under data/ (data_search_roots), else the embedded default
-    corpus (built once, by rank 0 of `ddp`)."""
-    roots = [Path(data_root)] if data_root is not None else data_search_roots()
-    for root in roots:
+    `data_root` (--data_root), else a dataset prepared under data/ (data_search_roots), else, for a config sized
+    for the smoke test (`smoke_corpus`: 'cpu', '*_cpu'), the embedded default corpus (built once, by rank 0 of
+    `ddp`). A paper config never trains on that corpus: without prepared data a dry run gets (None, model_cfg),
+    the config as published, and a run stops naming the command that prepares the data."""
+    if data_root is not None:
+        root = Path(data_root)
+        if not root.is_dir():
+            raise DataError(f"--data_root {root} does not exist. Prepare a dataset there with {prepare_hint(root)}.")
         vocab = dataset_vocab(root, model_cfg.vocab_size, vocab_given)
-        if vocab is not None:
-            ds = BooksDataset(root, vocab)
-            break
+        if vocab is None:
+            raise DataError(f"--data_root {root} holds no prepared dataset (no books_<vocab>/ folder). Prepare one "
+                            f"with {prepare_hint(root)}.")
+        ds = BooksDataset(root, vocab)
     else:
-        if data_root is not None:
-            ds = BooksDataset(data_root, model_cfg.vocab_size)  # fails, saying how to prepare it
-        else:
+        roots = data_search_roots()
+        ds = next((BooksDataset(root, vocab) for root in roots
+                   if (vocab := dataset_vocab(root, model_cfg.vocab_size, vocab_given)) is not None), None)
+        if ds is None and not smoke_corpus:
+            where = " or ".join(map(str, roots))
+            if dry_run:
+                say(f"No dataset prepared in {where}: planning the config as published (vocab "
+                    f"{model_cfg.vocab_size:,}). Training it needs book data: {prepare_hint()}.")
+                return None, model_cfg
+            raise DataError(f"No dataset prepared in {where}, and a paper config never trains on the embedded "
+                            f"smoke-test corpus. Prepare the books first: {prepare_hint()}; or train a CPU-sized "
+                            "config (--config cpu) on the default corpus.")
+        if ds is None:
             if not ddp.main:
                 dist.barrier()  # rank 0 builds the corpus once
             ds = default_corpus.ensure(DEFAULT_DATA / "default_corpus")

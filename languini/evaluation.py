@@ -21,8 +21,15 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from languini import aux_loss
-from languini.books import (SLOW_EVAL_PROTOCOLS, Book, distribute, eval_batches, sliding_windows, token_count,
-                            window_plan)
+from languini.books import (
+    SLOW_EVAL_PROTOCOLS,
+    Book,
+    distribute,
+    eval_batches,
+    sliding_windows,
+    token_count,
+    window_plan,
+)
 from languini.model_contract import WithMemoryStats
 
 TOP_K = (1, 10)  # the accuracies the official code reports
@@ -137,7 +144,7 @@ class Evaluator:
         """Sum over batches; a stateful model carries its state from one batch to the next."""
         totals = torch.zeros(len(TOP_K) + 4, dtype=torch.float64, device=self.device)  # the sums, then chars
         chars, state = 0, None
-        for x, y, mask in tqdm(batches, desc=desc, unit="batch", leave=False, disable=self.rank != 0):
+        for x, y, mask in tqdm(batches, desc=desc, unit="batch", leave=False, disable=None if self.rank == 0 else True):
             if self.decode is not None:
                 chars += count_chars(y, mask, self.decode)
             x, y, mask = (t.to(self.device, non_blocking=True) for t in (x, y, mask))
@@ -162,10 +169,13 @@ class Evaluator:
             model.train(was_training)
 
     def slow_protocol_for(self, stateful: bool) -> dict:
-        """How slow() evaluates such a model: the protocol, the window and the targets scored per window."""
+        """How slow() evaluates such a model: the protocol, the window, the targets scored per window and the cap
+        on windows (None: the whole split; else a stream's first windows, or a stateless model's evenly spaced)."""
         if stateful:  # as the official LSTM eval.py: windows of seq_len, every target, the state carried
-            return {"protocol": "stream", "window": self.seq_len, "last_n": self.seq_len}
-        return {"protocol": self.slow_protocol, "window": self.seq_len, "last_n": self.slow_last_n}
+            return {"protocol": "stream", "window": self.seq_len, "last_n": self.seq_len,
+                    "max_windows": self.slow_max_windows}
+        return {"protocol": self.slow_protocol, "window": self.seq_len, "last_n": self.slow_last_n,
+                "max_windows": self.slow_max_windows}
 
     def slow(self, model, books: list[Book], stateful: bool) -> EvalResult:
         """Batch 1 over the split as one stream: windows of seq_len moved by slow_last_n, scored as
@@ -201,7 +211,7 @@ def evaluate_splits(evaluator: Evaluator, model, dataset, splits: list[str], sta
             if isinstance(model, WithMemoryStats):
                 model.reset_memory_stats()
             started = time.perf_counter()
-            rows["fast"] = evaluator.fast(model, books).as_dict()
+            rows["fast"] = {**evaluator.fast(model, books).as_dict(), "max_batches": evaluator.max_batches}
             seconds["fast"] = time.perf_counter() - started
             if isinstance(model, WithMemoryStats):
                 memory_stats[split] = model.memory_stats()
@@ -221,11 +231,15 @@ def evaluate_splits(evaluator: Evaluator, model, dataset, splits: list[str], sta
 
 def describe_slow_protocol(protocol: dict) -> str:
     """One line on what a slow_protocol_for(...) dict means."""
-    window, n = protocol["window"], protocol["last_n"]
-    return {"stream": f"the split read once in windows of {window}, the state carried",
+    window, n, cap = protocol["window"], protocol["last_n"], protocol.get("max_windows")
+    text = {"stream": f"the split read once in windows of {window}, the state carried",
             "last_n": f"windows of {window} moved by {n}, only their last {n} targets scored",
             "every_target": f"windows of {window} moved by {n}, their last {n} targets scored, the first "
                             "window's all"}[protocol["protocol"]]
+    if cap is not None:
+        text += (f"; at most the first {cap:,} windows" if protocol["protocol"] == "stream"
+                 else f"; at most {cap:,} windows, evenly spaced over the split")
+    return text
 
 
 def _format(value: float | None) -> str:

@@ -15,16 +15,26 @@ from pathlib import Path
 
 import torch
 
-from languini import (compute_class, data_check, datasets, flops, model_contract, plan as planning, run_folder,
-                      stages, throughput, tokenizer)
+from languini import (
+    compute_class,
+    data_check,
+    datasets,
+    flops,
+    model_contract,
+    run_folder,
+    stages,
+    throughput,
+    tokenizer,
+)
+from languini import plan as planning
 from languini.books import BooksDataset, DataError
 from languini.checkpoint import CheckpointError
 from languini.evaluation import describe_slow_protocol
-from languini.flags import add_dataclass_flags, arg, overrides
+from languini.flags import Parser, add_dataclass_flags, arg, overrides
 from languini.logs import RunLog
 from languini.plan import CPU_CONFIG, CPU_SUFFIX
 from languini.stop import EXIT_UNFINISHED, StopRequested, StopSignals
-from languini.trainer import NonFiniteLoss, Trainer, TrainConfig, init_distributed, write_json
+from languini.trainer import NonFiniteLoss, TrainConfig, Trainer, init_distributed, write_json
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,9 +45,11 @@ class RunConfig:
     data_root: str | None = arg(None, "folder holding books_<vocab>/; None: data/ or the embedded default corpus")
     tokenizer: str | None = arg(None, "SentencePiece model of the data, if not inside the data folder")
     out_dir: str = arg("runs", "where run folders go")
-    run_name: str | None = arg(None, "run folder name; None: project_config_class_batch_seed")
+    run_name: str | None = arg(None, "run folder name under --out_dir; None: <project>_<config>_<dataset>-<its "
+                                     "fingerprint>_<compute class or N steps>_bs<batch>_seed<seed>[_stages...]")
     resume: str = arg("false", "continue the run in the run folder from its checkpoint: true, false, or auto "
-                               "(continue if there is a checkpoint, else start; for requeued jobs)")
+                               "(continue if there is a checkpoint, else start; for requeued jobs)",
+                      choices=("true", "false", "auto"))
     overwrite: bool = arg(False, "replace the run already in the run folder by a fresh one (true/false)")
     wandb: bool = arg(False, "log to Weights & Biases (true/false; offline without an API key)")
     wandb_project: str = arg("languini", "Weights & Biases project")
@@ -45,8 +57,10 @@ class RunConfig:
     dry_run: bool = arg(False, "print the training plan and exit (true/false)")
 
 
-def build_parser(project: str, configs) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser(project: str, configs, argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """train.py's flags; the model flags' defaults shown are those of the --config in argv (else the default
+    config here: 'cpu' without a GPU, else 'small')."""
+    parser = Parser(
         prog=f"projects/{project}/train.py",
         # the generated usage lists every flag: 25 lines above each one-line error
         usage=f"python projects/{project}/train.py (--compute_class CLASS | --max_steps N) [--FLAG VALUE ...] "
@@ -58,16 +72,25 @@ def build_parser(project: str, configs) -> argparse.ArgumentParser:
                              f"*{CPU_SUFFIX} are timed on this CPU)")
     add_dataclass_flags(parser, TrainConfig, "training")
     add_dataclass_flags(parser, RunConfig, "data, run folder and logging")
-    add_dataclass_flags(parser, configs.ModelConfig, "model (each overrides that field of --config)",
-                        show_defaults=False)
+    shown = _config_named(argv, configs) or (CPU_CONFIG if not torch.cuda.is_available() else "small")
+    add_dataclass_flags(parser, configs.ModelConfig, f"model (each overrides that field of --config; the defaults "
+                        f"shown are config '{shown}')", defaults=dataclasses.asdict(configs.get(shown)))
     return parser
+
+
+def _config_named(argv: list[str] | None, configs) -> str | None:
+    """The --config of argv, if it names one of the project's configs (a wrong one fails in the full parse)."""
+    first = Parser(add_help=False)
+    first.add_argument("--config")
+    name = first.parse_known_args(sys.argv[1:] if argv is None else argv)[0].config
+    return name if name in configs.SIZES else None
 
 
 def main(project: str, configs, model_cls, argv: list[str] | None = None, trainer_cls: type[Trainer] = Trainer
          ) -> dict | None:
     """The command line of projects/<project>/train.py; trainer_cls: a subclass of Trainer (its own training
     step, say) to train with."""
-    args = build_parser(project, configs).parse_args(argv)
+    args = build_parser(project, configs, argv).parse_args(argv)
     try:
         # SIGTERM/SIGUSR1/SIGINT: the run stops after its current step with a checkpoint and exits unfinished
         with StopSignals(announce=int(os.environ.get("RANK", "0")) == 0) as stop:
@@ -75,7 +98,7 @@ def main(project: str, configs, model_cls, argv: list[str] | None = None, traine
     except StopRequested as e:  # exit code EXIT_UNFINISHED tells a requeue script to run the same command again
         if e.announce:
             command = run_folder.continue_command(project, sys.argv[1:] if argv is None else argv,
-                                                  int(os.environ.get("WORLD_SIZE", "1")))
+                                                  int(os.environ.get("WORLD_SIZE", "1")), e.drop_flags)
             print(f"{e}\nContinue with the same command and --resume auto:\n  {command}", flush=True)
         sys.exit(EXIT_UNFINISHED)
     except KeyboardInterrupt:  # Ctrl-C after a first stop signal
@@ -88,8 +111,9 @@ def main(project: str, configs, model_cls, argv: list[str] | None = None, traine
 
 def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSignals | None = None,
         trainer_cls: type[Trainer] = Trainer) -> dict | None:
-    """One run: settings, data, plan, run folder, trainer, training, evaluation, records (None: a dry run or
-    one stopped early as asked; the finished results otherwise)."""
+    """One run: settings, data, plan, run folder, trainer, training, evaluation, records (None: a dry run; the
+    finished results otherwise). A run stopped before its last step (a signal, --stop_at_step) raises
+    StopRequested, which main() turns into the exit code EXIT_UNFINISHED."""
     stop = stop or StopSignals()  # not installed: never stops
     stateful = model_contract.stateful(model_cls)  # a model that does not declare it fails before any work
     ddp = init_distributed()
@@ -103,10 +127,12 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     config_name, tcfg, rcfg = settings.config_name, settings.tcfg, settings.rcfg
 
     # the data, which sets the model's vocab
-    dataset, model_cfg = datasets.load_data(rcfg.data_root, settings.model_cfg, settings.vocab_given, say, ddp)
-    sp = datasets.load_tokenizer(dataset, rcfg.tokenizer, model_cfg.vocab_size)
-    bytes_per_token = torch.from_numpy(tokenizer.bytes_per_token(sp))
-    tokenizer_file = datasets.tokenizer_file(dataset, rcfg.tokenizer)
+    dataset, model_cfg = datasets.load_data(rcfg.data_root, settings.model_cfg, settings.vocab_given, say, ddp,
+                                            smoke_corpus=planning.cpu_sized(config_name), dry_run=rcfg.dry_run)
+    if dataset is not None:  # None: a dry run of a paper config without prepared data
+        sp = datasets.load_tokenizer(dataset, rcfg.tokenizer, model_cfg.vocab_size)
+        bytes_per_token = torch.from_numpy(tokenizer.bytes_per_token(sp))
+        tokenizer_file = datasets.tokenizer_file(dataset, rcfg.tokenizer)
 
     # the plan: printed here (the dry run stops after it), followed by the trainer, recorded in config.json
     local_hw = throughput.local_device_name(device)
@@ -115,8 +141,9 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     if ddp.main:
         fwd_flops = flops.forward_flops(model_cls(model_cfg).to(device), model_cfg.seq_len, model_cfg.vocab_size,
                                         device)
-    plan = planning.plan_run(model, model_cls, model_cfg, tcfg, device, ddp.world_size, fwd_flops,
-                             dataset if ddp.main else None, stateful, settings.cpu_path, rcfg.out_dir, say)
+    # every process plans the evaluation: its caps, sized to the class, must be the same on all of them
+    plan = planning.plan_run(model, model_cls, model_cfg, tcfg, device, ddp.world_size, fwd_flops, dataset, stateful,
+                             settings.cpu_path, rcfg.out_dir, say)
     say(planning.format_plan(plan))
     if rcfg.dry_run:
         return None
@@ -126,6 +153,7 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     resume = run_folder.start_or_continue(run_dir, rcfg.resume, rcfg.overwrite, say, ddp.main)
     if resume:
         plan = planning.resumed(plan, run_dir, say)
+    tcfg = plan.training_config(tcfg)  # with the evaluation caps sized to the class, if the plan sized them
     finished = run_folder.finished_results(run_dir, dataclasses.asdict(model_cfg), plan.steps) if resume else None
     if finished is not None:
         say(f"{run_dir} is finished (results.json of {finished.get('finished')}): nothing left to train or "
@@ -145,7 +173,8 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     if ddp.main:  # only now: a batch the data cannot fill fails above without leaving an empty run folder
         run_dir.mkdir(parents=True, exist_ok=True)
     config = {"project": project, "config": config_name, "model": dataclasses.asdict(model_cfg),
-              "train": run_record(tcfg, rcfg), **plan.record()}
+              "train": run_record(tcfg, rcfg), "dataset_name": dataset.name,
+              "dataset_fingerprint": dataset.fingerprint, **plan.record()}
     if ddp.main:  # what scripts/evaluate.py needs to rebuild the model and its data
         write_json(run_dir / run_folder.RUN_CONFIG, config)
     log = RunLog(run_dir, config, rcfg.wandb, rcfg.wandb_project, rcfg.tensorboard, enabled=ddp.main,
@@ -160,15 +189,20 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
                 saved = f"its checkpoint is saved in {run_dir}" if trainer.step else "nothing was trained yet"
                 raise StopRequested(f"Stopped by {stop.received} after step {trainer.step} of {plan.steps}; "
                                     f"{saved}.", ddp.main)
-            say(f"Stopped after step {trainer.step} of {plan.steps} as asked; continue with --resume true.")
-            return None
+            raise StopRequested(f"Stopped after step {trainer.step} of {plan.steps} as asked (--stop_at_step); its "
+                                f"checkpoint is saved in {run_dir}.", ddp.main, drop_flags=("--stop_at_step",))
+        check = planning.throughput_check(plan, trainer.position(trainer.step)["tokens"], trainer.train_seconds)
+        if check is not None and not check["within_margin"]:
+            say(planning.describe_throughput_check(check))
+            log.write({"event": "throughput_check", **trainer.position(trainer.step), **check})
         stop.agreed(ddp.world_size, device)
         stop.stop_at_once()  # the last step's checkpoint is on disk: a signal may end the evaluation at once
         say(f"Final evaluation (fast: all predictions of eval batches; slow: "
             f"{describe_slow_protocol(trainer.evaluator.slow_protocol_for(trainer.stateful))}):")
         evals = trainer.final_evaluation(log)
         results = {**run_results(trainer, rcfg, evals), "model_fingerprint": model.fingerprint,
-                   "model_flags": model.flags, "throughput_row": plan.throughput_record(), **provenance}
+                   "model_flags": model.flags, "throughput_row": plan.throughput_record(), "throughput_check": check,
+                   **provenance}
     finally:
         log.close()
     if ddp.main:
@@ -197,7 +231,12 @@ def read_settings(args: argparse.Namespace, configs, device: torch.device, say) 
     class_defaults = dict(configs.COMPUTE_CLASSES.get(cc, {})) if cc else {}
     config_name = args.config or class_defaults.pop("config", None)
     class_defaults.pop("config", None)
-    cpu_path = device.type == "cpu" and planning.cpu_sized(args.config)
+    # a GPU named as the reference hardware means the class's GPU config, planned against the registry
+    gpu_reference = train_over.get("reference_hardware") not in (None, "cpu")
+    cpu_path = device.type == "cpu" and planning.cpu_sized(args.config) and not gpu_reference
+    if device.type == "cpu" and gpu_reference:
+        say(f"No GPU here: planning for the reference hardware {train_over['reference_hardware']!r} from its "
+            f"registry row{'' if args.config else ' (the compute class config)'}; only a dry run is useful here.")
     if cpu_path:  # this CPU is the reference: a compute class's GPU config and batch do not apply
         config_name, class_defaults = args.config or CPU_CONFIG, {}
         train_over.setdefault("reference_hardware", "cpu")
@@ -228,6 +267,8 @@ def check_values(tcfg: TrainConfig, model_cfg) -> None:
         value = getattr(tcfg, name)
         if value is not None and value < low:
             raise ValueError(f"--{name} must be at least {low}, got {value}.")
+    if tcfg.eval_budget is not None and tcfg.eval_budget < 0:
+        raise ValueError(f"--eval_budget must be 0 (no limit) or a positive fraction, got {tcfg.eval_budget}.")
     for name in ("lr", "grad_clip", "tokens_per_second"):
         value = getattr(tcfg, name)
         if value is not None and not value > 0:
@@ -250,7 +291,7 @@ def stage_settings(tcfg: TrainConfig, model_cfg, configs) -> TrainConfig:
         tcfg = dataclasses.replace(tcfg, stages=named[tcfg.stages])
     if tcfg.stages is not None:
         try:
-            stages.parse(tcfg.stages, model_cfg.seq_len)
+            stages.rows_per_stream(stages.parse(tcfg.stages, model_cfg.seq_len), tcfg.stage_batch)
         except ValueError as error:
             names = f" or one of this project's named schedules: {', '.join(named)}" if named else ""
             raise ValueError(f"{error}{names}") from None

@@ -5,6 +5,8 @@ forward pass at batch 1, and a training step counted as 3 forward passes (the ba
 pass as two, as in Kaplan et al., 2020).
 """
 
+import os
+
 import torch
 
 from languini import model_contract
@@ -19,8 +21,11 @@ def forward_flops(model: torch.nn.Module, seq_len: int, vocab_size: int, device:
     Runs with gradients enabled: under no_grad PyTorch takes fused fast paths (e.g.
     nn.MultiheadAttention's) that bypass the functions the profiler patches.
     """
-    # Imported here because deepspeed is slow to import and logs on import.
-    from deepspeed.profiling.flops_profiler import FlopsProfiler, profiler as ds_profiler
+    # Imported here because deepspeed is slow to import. Naming its accelerator spares every command the warning
+    # its detection prints on a machine without a GPU (it picks the same one).
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    from deepspeed.profiling.flops_profiler import FlopsProfiler
+    from deepspeed.profiling.flops_profiler import profiler as ds_profiler
 
     tokens = torch.randint(vocab_size, (1, seq_len), device=device)
     profiler = FlopsProfiler(model)

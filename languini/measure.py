@@ -21,6 +21,7 @@ class Measurement:
     tokens_per_second: float | None  # None: out of memory
     step_seconds: float | None
     peak_memory_gib: float | None  # None on CPU or out of memory
+    spread: float | None = None  # (slowest - fastest) / median of the timed steps; None: out of memory
 
 
 def measure_batch_size(
@@ -58,7 +59,8 @@ def measure_batch_size(
         tokens = torch.randint(model_config.vocab_size, shape, device=device)
         inputs, targets = tokens[..., :-1], tokens[..., 1:]
         states = [None] * micro_batches
-        durations = list(time_calls(lambda: train_step(inputs, targets, states), device, steps, warmup).seconds)
+        timing = time_calls(lambda: train_step(inputs, targets, states), device, steps, warmup)
+        durations = list(timing.seconds)
     except RuntimeError as error:  # cuBLAS and compiled graphs report OOM as plain RuntimeErrors
         if not isinstance(error, torch.cuda.OutOfMemoryError) and "out of memory" not in str(error).lower():
             raise
@@ -77,7 +79,8 @@ def measure_batch_size(
     if is_cuda:
         torch.cuda.empty_cache()
     step_seconds = statistics.median(durations)
-    return Measurement(batch_size, batch_size * model_config.seq_len / step_seconds, step_seconds, peak_memory_gib)
+    return Measurement(batch_size, batch_size * model_config.seq_len / step_seconds, step_seconds, peak_memory_gib,
+                       timing.spread)
 
 
 def measured_row(model: ModelSpec, hardware: str, measurement: Measurement, seq_len: int, precision: str,

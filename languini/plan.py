@@ -24,17 +24,33 @@ from pathlib import Path
 import torch
 
 from languini import evaluation, flops, measure, stages, throughput
-from languini.compute_class import (DEFAULT_REFERENCE_HARDWARE, PAPER_COMPUTE_CLASSES, compute_class_seconds,
-                                    training_steps)
+from languini.compute_class import (
+    DEFAULT_REFERENCE_HARDWARE,
+    PAPER_COMPUTE_CLASSES,
+    compute_class_seconds,
+    training_steps,
+)
 from languini.run_folder import RUN_CONFIG
-from languini.trainer import TrainConfig, eval_every_max_batches, eval_interval, precision_for, progress_split
+from languini.trainer import (
+    DEFAULT_WARMUP,
+    TrainConfig,
+    eval_every_max_batches,
+    precision_for,
+    progress_evaluations,
+    progress_split,
+    warmup_steps,
+)
 
 CPU_CONFIG = "cpu"
 CPU_SUFFIX = "_cpu"  # configs named cpu or <anything>_cpu are sized for a CPU: without a GPU, timed on it
-CPU_MEASURE_STEPS, CPU_MEASURE_WARMUP = 10, 2  # timing a model on this CPU when the registry has no row for it
+CPU_MEASURE_STEPS, CPU_MEASURE_WARMUP = 15, 3  # timing a model on this CPU when the registry has no row for it
+BUSY_SPREAD = 0.5  # (slowest - fastest) / median of the timed steps above which the timing is called unreliable
 # A forward pass costs a third of a training step (the paper's FLOPs convention: backward = 2 forwards), so
 # evaluation is planned at three times the training throughput.
 EVAL_SPEEDUP = 3
+# On the CPU path evaluation is sized to the class: at most this fraction of the expected training time
+# (--eval_budget); a GPU run evaluates as the protocol says unless asked.
+CPU_EVAL_BUDGET = 0.25
 
 
 def cpu_sized(config_name: str | None) -> bool:
@@ -58,6 +74,22 @@ class EvalWork:
 
 
 @dataclass(frozen=True)
+class EvalCaps:
+    """The evaluation caps a run uses in place of its flags' so that evaluation takes at most `fraction` of the
+    expected training time (size_evaluation; --eval_budget)."""
+
+    fraction: float
+    eval_max_batches: int | None
+    eval_every_max_batches: int | None
+    slow_eval_max_windows: int | None
+
+    def apply(self, tcfg: TrainConfig) -> TrainConfig:
+        return dataclasses.replace(tcfg, eval_max_batches=self.eval_max_batches,
+                                   eval_every_max_batches=self.eval_every_max_batches,
+                                   slow_eval_max_windows=self.slow_eval_max_windows)
+
+
+@dataclass(frozen=True)
 class PlannedStage:
     """One sequence-length stage of a plan (languini.stages): its length, steps and reference throughput."""
 
@@ -66,6 +98,7 @@ class PlannedStage:
     steps: int
     tokens_per_second: float | None  # None: unknown (--max_steps without a row)
     throughput_row: throughput.ThroughputRow | None  # None when given by --tokens_per_second (or unknown)
+    rows: int = 1  # sequences per stream and step (languini.stages.rows_per_stream)
 
 
 @dataclass(frozen=True)
@@ -89,6 +122,9 @@ class Plan:
     compiled: bool = False
     stages: tuple[PlannedStage, ...] | None = None  # --stages; then tokens_per_second is their average
     given_tokens_per_second: float | None = None  # --tokens_per_second, which overrides every row
+    eval_caps: EvalCaps | None = None  # caps sized to the budget (size_evaluation); None: the flags' own
+    warmup_steps: int | None = None  # the learning rate's linear warm-up (trainer.warmup_steps)
+    warmup_reason: str = ""  # why it is that many steps
     notes: tuple[str, ...] = ()  # said under the plan
 
     def schedule(self) -> stages.Schedule:
@@ -96,7 +132,7 @@ class Plan:
         if self.stages is None:
             return stages.Schedule.single(self.seq_len, self.steps, self.tokens_per_second)
         return stages.Schedule(tuple(s.seq_len for s in self.stages), tuple(s.steps for s in self.stages),
-                               tuple(s.tokens_per_second for s in self.stages))
+                               tuple(s.tokens_per_second for s in self.stages), tuple(s.rows for s in self.stages))
 
     @property
     def throughput_source(self) -> str:
@@ -131,7 +167,7 @@ class Plan:
     def expected_wall_seconds(self) -> float | None:
         """Training wall time on the local devices at their registry throughput (evaluation not included)."""
         if self.local_row is not None and self.stages is not None:  # then every stage's row is a local one
-            return sum(s.steps * self.global_batch_size * s.seq_len / (s.tokens_per_second * self.local_devices)
+            return sum(s.steps * self.global_batch_size * s.rows * s.seq_len / (s.tokens_per_second * self.local_devices)
                        for s in self.stages)
         return None if self.local_row is None else self.tokens / self.local_tokens_per_second
 
@@ -146,11 +182,16 @@ class Plan:
         return None if self.given_tokens_per_second is None else {
             "source": "--tokens_per_second", "tokens_per_second": self.given_tokens_per_second}
 
+    def training_config(self, tcfg: TrainConfig) -> TrainConfig:
+        """tcfg with the evaluation caps this plan sized (unchanged where it sized none)."""
+        return tcfg if self.eval_caps is None else self.eval_caps.apply(tcfg)
+
     def record(self) -> dict:
         """The budget as config.json keeps it (what a resumed run continues with: resumed)."""
         return {"steps": self.steps, "tokens_per_second": self.tokens_per_second,
                 "throughput_row": self.throughput_record(),
-                **({"stages": self.schedule().records(self.global_batch_size)} if self.stages is not None else {})}
+                **({"stages": self.schedule().records(self.global_batch_size)} if self.stages is not None else {}),
+                **({"eval_caps": dataclasses.asdict(self.eval_caps)} if self.eval_caps is not None else {})}
 
 
 def plan_compute_class(
@@ -168,6 +209,7 @@ def plan_compute_class(
     compiled: bool = False,
     row: throughput.ThroughputRow | None = None,
     stage_models: list[tuple[stages.Stage, throughput.ModelSpec, throughput.ThroughputRow | None]] | None = None,
+    stage_batch: str = "tokens",
 ) -> Plan:
     """What a compute class buys `model`: throughput from `tokens_per_second` if given, else from `row`
     (measured for this run on the reference hardware), else from the registry row of that very model
@@ -184,7 +226,7 @@ def plan_compute_class(
     if stage_models is not None:
         return _plan_stages(model, compute_class, global_batch_size, seq_len, registry, reference_hardware,
                             tokens_per_second, flops_per_forward, local_hardware, local_devices, evaluation, compiled,
-                            stage_models)
+                            stage_models, stage_batch)
     given = tokens_per_second
     if tokens_per_second is not None:
         row = None
@@ -209,7 +251,8 @@ def plan_compute_class(
 
 
 def _plan_stages(model, compute_class, global_batch_size, seq_len, registry, reference_hardware, tokens_per_second,
-                 flops_per_forward, local_hardware, local_devices, evaluation, compiled, stage_models) -> Plan:
+                 flops_per_forward, local_hardware, local_devices, evaluation, compiled, stage_models,
+                 stage_batch) -> Plan:
     rows, rates = [], []
     for i, (stage, spec, row) in enumerate(stage_models):
         if tokens_per_second is None and row is None:
@@ -222,9 +265,10 @@ def _plan_stages(model, compute_class, global_batch_size, seq_len, registry, ref
         rows.append(None if tokens_per_second is not None else row)
         rates.append(tokens_per_second if tokens_per_second is not None else row.tokens_per_second)
     parsed = tuple(stage for stage, _, _ in stage_models)
-    steps = stages.steps_for_budget(parsed, compute_class_seconds(compute_class), rates, global_batch_size)
-    planned = tuple(PlannedStage(s.seq_len, float(s.fraction), n, float(v), r)
-                    for s, n, v, r in zip(parsed, steps, rates, rows))
+    per_stream = stages.rows_per_stream(parsed, stage_batch)
+    steps = stages.steps_for_budget(parsed, compute_class_seconds(compute_class), rates, global_batch_size, per_stream)
+    planned = tuple(PlannedStage(s.seq_len, float(s.fraction), n, float(v), r, k)
+                    for s, n, v, r, k in zip(parsed, steps, rates, rows, per_stream))
     # wall time expected here only when every stage's row was measured on this hardware
     local = [r for r in rows if r is not None and local_hardware is not None
              and throughput.hardware_matches(r.hardware, local_hardware)]
@@ -257,29 +301,38 @@ def plan_run(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainConfi
         return plan_compute_class(
             model, tcfg.compute_class, tcfg.batch_size, model_cfg.seq_len, registry, tcfg.reference_hardware,
             tcfg.tokens_per_second, flops_per_forward, local_hw, world_size, compiled=tcfg.compile, row=row,
-            stage_models=stage_models(model, model_cfg, staged, time_stage) if staged else None)
+            stage_models=stage_models(model, model_cfg, staged, time_stage, tcfg.stage_batch) if staged else None,
+            stage_batch=tcfg.stage_batch)
 
-    try:
-        plan = plan_for()
-    except throughput.ThroughputNotFoundError as error:
-        # The CPU path's reference is this machine: a model it has no row for (another vocabulary, other flags)
-        # is timed here. Processes would time it differently, so not under torchrun.
-        if not (cpu_path and world_size == 1 and throughput.hardware_matches(tcfg.reference_hardware, local_hw)):
+    # The CPU path's reference is this machine: this CPU's own timing of the model when it has one (kept in
+    # <out_dir>/throughput.csv), else the committed cpu row, else the model is timed now (--retime: always).
+    # Processes would time it differently, so not under torchrun.
+    if (cpu_path and world_size == 1 and tcfg.tokens_per_second is None
+            and throughput.hardware_matches(tcfg.reference_hardware, local_hw)):
+        def this_cpu(spec, cfg, rows=1):  # rows: sequences per stream, so timed at the stage's batch
+            timed = dataclasses.replace(tcfg, batch_size=tcfg.batch_size * rows)
+            if tcfg.retime:
+                return cpu_row(spec, model_cls, cfg, timed, out_dir, device, say)
+            return (kept_row(spec, out_dir, local_hw, tcfg) or _registry_row(registry, spec, tcfg)
+                    or cpu_row(spec, model_cls, cfg, timed, out_dir, device, say))
+
+        plan = plan_for(time_stage=this_cpu) if staged else plan_for(this_cpu(model, model_cfg))
+    else:
+        try:
+            plan = plan_for()
+        except throughput.ThroughputNotFoundError as error:
             if device.type == "cpu" and not cpu_path:
                 raise throughput.ThroughputNotFoundError(
                     f"{error}\nWithout a GPU only a CPU-sized config ('{CPU_CONFIG}' or a name ending in "
                     f"'{CPU_SUFFIX}') is timed on this CPU; '{model.config}' is planned against the registry."
                 ) from None
             raise
-
-        def time_stage(spec, cfg):  # this CPU's row for a stage's length where the registry has none
-            return (_registry_row(registry, spec, tcfg)
-                    or cpu_row(spec, model_cls, cfg, tcfg, out_dir, device, say))
-
-        plan = (plan_for(time_stage=time_stage) if staged
-                else plan_for(cpu_row(model, model_cls, model_cfg, tcfg, out_dir, device, say)))
     if dataset is not None:
         plan = dataclasses.replace(plan, evaluation=eval_work(dataset, tcfg, model_cfg.seq_len, plan.steps, stateful))
+        fraction = eval_budget(tcfg, cpu_path)
+        if fraction:
+            plan = size_evaluation(plan, dataset, tcfg, model_cfg.seq_len, stateful, fraction)
+    plan = dataclasses.replace(plan, warmup_steps=warmup_steps(tcfg, plan.steps), warmup_reason=_warmup_reason(tcfg))
     if cpu_path and tcfg.compute_class in PAPER_COMPUTE_CLASSES:
         plan = dataclasses.replace(plan, notes=(
             f"Note: without a GPU, --compute_class {tcfg.compute_class} means {tcfg.compute_class} of this CPU "
@@ -302,9 +355,11 @@ def _plan_steps(model, model_cfg, tcfg: TrainConfig, local_hw: str, world_size: 
     if staged:
         rows = [None if tcfg.tokens_per_second else _registry_row(registry, spec, tcfg)
                 for _, spec, _ in stage_models(model, model_cfg, staged)]
+        per_stream = stages.rows_per_stream(staged, tcfg.stage_batch)
         planned = tuple(PlannedStage(s.seq_len, float(s.fraction), n,
-                                     tcfg.tokens_per_second or (r.tokens_per_second if r else None), r)
-                        for s, n, r in zip(staged, stages.steps_for_total(staged, tcfg.max_steps), rows))
+                                     tcfg.tokens_per_second or (r.tokens_per_second if r else None), r, k)
+                        for s, n, r, k in zip(staged, stages.steps_for_total(staged, tcfg.max_steps, per_stream),
+                                              rows, per_stream))
     return Plan(model=model, compute_class=None, reference_hardware=tcfg.reference_hardware, tokens_per_second=tok_s,
                 throughput_row=row, global_batch_size=tcfg.batch_size, seq_len=model_cfg.seq_len,
                 steps=tcfg.max_steps, flops_per_forward=flops_per_forward, local_hardware=local_hw,
@@ -320,38 +375,80 @@ def _registry_row(registry: Path, spec: throughput.ModelSpec, tcfg: TrainConfig)
         return None
 
 
-def stage_models(model: throughput.ModelSpec, model_cfg, staged: tuple, time_stage=None) -> list[tuple]:
+def stage_models(model: throughput.ModelSpec, model_cfg, staged: tuple, time_stage=None,
+                 stage_batch: str = "tokens") -> list[tuple]:
     """Each stage with the model at its length (the config at the stage's seq_len), charged at that model's
-    throughput, and its row from `time_stage(spec, config)` where given (else None: the registry's)."""
+    throughput, and its row from `time_stage(spec, config, rows per stream)` where given (else None: the
+    registry's)."""
     models = []
-    for stage in staged:
+    for stage, rows in zip(staged, stages.rows_per_stream(staged, stage_batch)):
         cfg = dataclasses.replace(model_cfg, seq_len=stage.seq_len)
         spec = throughput.model_spec(model.project, model.config, cfg)
-        models.append((stage, spec, time_stage(spec, cfg) if time_stage else None))
+        models.append((stage, spec, time_stage(spec, cfg, rows) if time_stage else None))
     return models
+
+
+THROUGHPUT_MARGIN = 0.25  # a run whose training speed differs from its plan's by more is told so
+
+
+def throughput_check(plan: Plan, tokens: int, train_seconds: float) -> dict | None:
+    """The run's training speed against the speed its plan expected here (the local row: on the CPU path the row
+    its compute class was charged at); None without a local row. `within_margin` is False when the two differ by
+    more than THROUGHPUT_MARGIN: then the class was not this machine's time."""
+    if plan.expected_wall_seconds is None or not train_seconds > 0 or not tokens:
+        return None
+    expected = plan.tokens / plan.expected_wall_seconds
+    measured = tokens / train_seconds
+    row = plan.local_row
+    return {"expected_tokens_per_second": expected, "measured_tokens_per_second": measured,
+            "ratio": measured / expected, "margin": THROUGHPUT_MARGIN,
+            "within_margin": abs(measured / expected - 1) <= THROUGHPUT_MARGIN,
+            "row": f"{row.source} on {row.hardware}, {row.date}"}
+
+
+def describe_throughput_check(check: dict) -> str:
+    """The warning a run prints when its speed was off its plan's by more than the margin."""
+    ratio = check["ratio"]
+    return (f"Warning: training ran at {check['measured_tokens_per_second']:,.0f} tokens/s, {ratio:.2f}x the "
+            f"{check['expected_tokens_per_second']:,.0f} its plan expected here (row: {check['row']}), beyond the "
+            f"{check['margin']:.0%} margin: its compute class was {1 / ratio:.2f}x this run's training time. The "
+            "machine was busier (or idler) than when the row was timed; on a CPU, time it again on an idle machine "
+            "with --retime true.")
+
+
+def kept_row(model: throughput.ModelSpec, out_dir: str, hardware: str, tcfg: TrainConfig
+             ) -> throughput.ThroughputRow | None:
+    """This CPU's own row for `model`, kept in <out_dir>/throughput.csv by an earlier timing here, or None."""
+    try:
+        return throughput.lookup(Path(out_dir) / "throughput.csv", model, hardware, tcfg.compile)
+    except throughput.ThroughputNotFoundError:
+        return None
 
 
 def cpu_row(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainConfig, out_dir: str, device: torch.device,
             say) -> throughput.ThroughputRow:
-    """This CPU's row for `model` when the project's registry has none: from <out_dir>/throughput.csv, where the
-    first run of the model here keeps the row it timed, so later runs (and resumed ones) get the same steps."""
+    """This CPU's row for `model`, timed now (the median of CPU_MEASURE_STEPS training steps after
+    CPU_MEASURE_WARMUP) and kept in <out_dir>/throughput.csv, so later runs (and resumed ones) get the same steps."""
     kept, hardware = Path(out_dir) / "throughput.csv", throughput.local_device_name(device)
-    try:
-        return throughput.lookup(kept, model, hardware, tcfg.compile)
-    except throughput.ThroughputNotFoundError:
-        pass
-    say(f"No throughput row for {model} on this CPU: timing {CPU_MEASURE_STEPS} training steps at batch "
-        f"{tcfg.batch_size}...")
+    say(f"Timing {model} on this CPU: {CPU_MEASURE_STEPS} training steps at batch {tcfg.batch_size} after "
+        f"{CPU_MEASURE_WARMUP} untimed ones...")
     precision = precision_for(device, tcfg.precision)[2]
     torch.manual_seed(0)
     timed = measure.measure_batch_size(model_cls(model_cfg).to(device).train(), model_cfg, tcfg.batch_size, device,
                                        tcfg, CPU_MEASURE_STEPS, CPU_MEASURE_WARMUP)  # the steps this run trains
+    spread = "unknown" if timed.spread is None else f"{timed.spread:.0%}"
     row = measure.measured_row(model, hardware, timed, model_cfg.seq_len, precision, tcfg.compile,
-                               f"fixed batch size; timed by train.py before its run (micro_batches "
-                               f"{tcfg.micro_batches}, grad_clip {tcfg.grad_clip})")
+                               f"fixed batch size; timed by train.py before its run (median of {CPU_MEASURE_STEPS} "
+                               f"steps, spread {spread}; micro_batches {tcfg.micro_batches}, grad_clip "
+                               f"{tcfg.grad_clip})")
     throughput.append_row(kept, row)
-    say(f"Measured {row.tokens_per_second:,.0f} tokens/s; kept in {throughput.display_path(kept)} for the next runs of "
-        f"this model here. Its compute classes are this machine's time.")
+    say(f"Measured {row.tokens_per_second:,.0f} tokens/s (median; the steps' times spread over {spread} of it); "
+        f"kept in {throughput.display_path(kept)} for the next runs of this model here (--retime true times it "
+        "again). Its compute classes are this machine's time.")
+    if timed.spread is not None and timed.spread > BUSY_SPREAD:
+        say(f"Warning: the steps' times spread over {timed.spread:.0%} of their median: this machine looks busy, "
+            "so the class will buy another number of steps than on an idle one. Time it again when it is idle "
+            "with --retime true.")
     return row
 
 
@@ -364,7 +461,56 @@ def eval_work(dataset, tcfg: TrainConfig, seq_len: int, steps: int, stateful: bo
                 for s in held_out)
     each = evaluation.fast_positions(dataset.books(progress_split(dataset.splits)), tcfg.eval_batch_size, seq_len,
                                      eval_every_max_batches(tcfg))
-    return EvalWork(each, (steps - 1) // eval_interval(tcfg, steps), final)
+    return EvalWork(each, progress_evaluations(tcfg, steps), final)
+
+
+def _warmup_reason(tcfg: TrainConfig) -> str:
+    if tcfg.warmup_steps is not None:
+        return "--warmup_steps" + (", at most a tenth of the run (warmup_then_cosine)"
+                                   if tcfg.lr_schedule == "warmup_then_cosine" else "")
+    return f"{DEFAULT_WARMUP}, or a tenth of the run if shorter, so that it reaches the peak lr"
+
+
+def eval_budget(tcfg: TrainConfig, cpu_path: bool) -> float | None:
+    """The fraction of the training time evaluation may take: --eval_budget, else CPU_EVAL_BUDGET on the CPU path
+    and no limit elsewhere (0 or none: no limit)."""
+    if tcfg.eval_budget is not None:
+        return tcfg.eval_budget or None
+    return CPU_EVAL_BUDGET if cpu_path else None
+
+
+def size_evaluation(plan: Plan, dataset, tcfg: TrainConfig, seq_len: int, stateful: bool, fraction: float) -> Plan:
+    """The plan with evaluation caps that keep its expected evaluation time within `fraction` of its expected
+    training time, where the flags' caps would exceed it (else `plan` unchanged).
+
+    A third of the allowance goes to the evaluations during training, two thirds to the final one, shared equally
+    by the held-out splits and by the fast and slow evaluation of each; a cap is only ever lowered, never below
+    one batch or window. Needs the local throughput (the plan's wall-time estimate); without it, `plan`."""
+    work = plan.evaluation
+    if work is None or plan.local_row is None:
+        return plan
+    allowed = fraction * plan.expected_wall_seconds * EVAL_SPEEDUP * plan.local_tokens_per_second  # positions
+    if work.during_training + work.final <= allowed:
+        return plan
+    held_out = [s for s in dataset.splits if s != "train"]
+    during_share = allowed / 3 if work.evaluations_during_training else 0.0
+    per_mode = (allowed - during_share) / (2 * max(len(held_out), 1))
+
+    def batches_within(positions: float, books, current: int | None) -> int:
+        per_batch = evaluation.fast_positions(books, tcfg.eval_batch_size, seq_len, 1)
+        fit = max(int(positions // max(per_batch, 1)), 1)
+        return fit if current is None else min(current, fit)
+
+    fast_cap = min(batches_within(per_mode, dataset.books(s), tcfg.eval_max_batches) for s in held_out)
+    windows = max(int(per_mode // seq_len), 1)
+    slow_cap = windows if tcfg.slow_eval_max_windows is None else min(tcfg.slow_eval_max_windows, windows)
+    progress_cap = eval_every_max_batches(tcfg)
+    if work.evaluations_during_training:
+        progress_cap = batches_within(during_share / work.evaluations_during_training,
+                                      dataset.books(progress_split(dataset.splits)), progress_cap)
+    caps = EvalCaps(fraction, fast_cap, min(progress_cap or fast_cap, fast_cap), slow_cap)
+    return dataclasses.replace(plan, eval_caps=caps,
+                               evaluation=eval_work(dataset, caps.apply(tcfg), seq_len, plan.steps, stateful))
 
 
 def resumed(plan: Plan, run_dir: Path, say) -> Plan:
@@ -385,11 +531,26 @@ def resumed(plan: Plan, run_dir: Path, say) -> Plan:
         plan = dataclasses.replace(plan, steps=started["steps"], tokens_per_second=started["tokens_per_second"],
                                    throughput_row=throughput.ThroughputRow(**kept) if kept and "project" in kept
                                    else None)
+    if plan.eval_caps is not None or "eval_caps" in started:
+        plan = dataclasses.replace(plan, eval_caps=EvalCaps(**started["eval_caps"]) if "eval_caps" in started
+                                   else None)
     stages_started = started.get("stages")
     total = sum(s["tokens"] for s in stages_started or ()) or 1
     return dataclasses.replace(plan, stages=tuple(
-        PlannedStage(s["seq_len"], s["tokens"] / total, s["steps"], s["tokens_per_second"], None)
+        PlannedStage(s["seq_len"], s["tokens"] / total, s["steps"], s["tokens_per_second"], None,
+                     s.get("sequences_per_step", plan.global_batch_size) // plan.global_batch_size)
         for s in stages_started) if stages_started else None)
+
+
+TOKEN_UNITS = ((1e9, "B"), (1e6, "M"), (1e3, "K"), (1, ""))
+FLOP_UNITS = ((1e18, " exaFLOPs"), (1e15, " petaFLOPs"), (1e12, " teraFLOPs"), (1e9, " GFLOPs"), (1e6, " MFLOPs"),
+              (1, " FLOPs"))
+
+
+def _scaled(value: float, units: tuple) -> str:
+    """value in the largest unit that keeps it at 1 or more, to 3 significant digits: 30.7K, 1.2B, 769 petaFLOPs."""
+    size, name = next(((size, name) for size, name in units if value >= size), units[-1])
+    return f"{value / size:.3g}{name}"
 
 
 def _duration(seconds: float) -> str:
@@ -434,14 +595,17 @@ def format_plan(plan: Plan) -> str:
         ("sequence length", f"{plan.seq_len:,}"),
         *_stage_rows(plan),
         ("steps", f"{plan.steps:,}"),
-        ("tokens", f"{plan.tokens:,} ({plan.tokens / 1e9:.3f}B)"),
+        *([("warm-up", f"{plan.warmup_steps:,} step{'s' * (plan.warmup_steps != 1)} ({plan.warmup_reason})")] if plan.warmup_steps is not None
+          else []),
+        ("tokens", f"{plan.tokens:,} ({_scaled(plan.tokens, TOKEN_UNITS)})"),
         ("accelerator hours", f"{plan.accelerator_hours:.3f} ({plan.accelerator_seconds:,.0f} s on {plan.reference_hardware})"),
     ]
     if plan.total_flops is None:
         rows.append(("estimated FLOPs", "unknown (no forward FLOPs given)"))
     else:
-        rows.append(("forward FLOPs (batch 1)", f"{plan.flops_per_forward / 1e9:.1f} GFLOPs"))
-        rows.append(("estimated FLOPs", f"{plan.total_flops:.4g} ({plan.total_flops / 1e18:.3f} exaFLOPs = 3 x forward x sequences)"))
+        rows.append(("forward FLOPs (batch 1)", _scaled(plan.flops_per_forward, FLOP_UNITS)))
+        rows.append(("estimated FLOPs", f"{plan.total_flops:.4g} ({_scaled(plan.total_flops, FLOP_UNITS)} = 3 x forward "
+                                        "x sequences)"))
     if plan.local_hardware is not None:
         rows += _wall_time_rows(plan)
     width = max(len(label) for label, _ in rows)
@@ -453,16 +617,20 @@ def _stage_rows(plan: Plan) -> list[tuple[str, str]]:
     """One row per stage of --stages: its length, share of the tokens, steps and the throughput it is charged at."""
     rows = []
     for i, stage in enumerate(plan.stages or ()):
-        tokens = stage.steps * plan.global_batch_size * stage.seq_len
+        sequences = plan.global_batch_size * stage.rows
+        tokens = stage.steps * sequences * stage.seq_len
         source = ("--tokens_per_second" if stage.throughput_row is None
                   else f"{stage.throughput_row.source} on {stage.throughput_row.hardware}")
-        rows.append((f"stage {i + 1}", f"{stage.seq_len} tokens x {stage.steps:,} steps = "
+        rows.append((f"stage {i + 1}", f"{stage.seq_len} tokens x {sequences:,} sequences x {stage.steps:,} steps = "
                      f"{tokens:,} tokens ({stage.fraction:.0%}), {tokens / stage.tokens_per_second:,.0f} s at "
                      f"{stage.tokens_per_second:,.0f} tokens/s ({source})"))
     return rows
 
 
 def _wall_time_rows(plan: Plan) -> list[tuple[str, str]]:
+    if plan.local_row is None and plan.local_hardware == "cpu" and not cpu_sized(plan.model.config):
+        return [("expected wall time", f"not estimated: '{plan.model.config}' is a paper config, trained on a GPU "
+                                       f"(there: {throughput.measure_command(plan.model, compiled=plan.compiled)})")]
     if plan.local_row is None:
         return [("expected wall time", f"unknown: no registry row for this model on {plan.local_hardware}; measure "
                                        f"it with {throughput.measure_command(plan.model, compiled=plan.compiled)}")]
@@ -479,4 +647,10 @@ def _wall_time_rows(plan: Plan) -> list[tuple[str, str]]:
                  f"at the end ({_duration(final)}); forward passes at {EVAL_SPEEDUP}x the training throughput"),
             ("", f"total {_duration(train + during + final)} (the compute class counts training only)"),
         ]
+    caps = plan.eval_caps
+    if caps is not None:
+        rows.append(("evaluation sized", f"to at most {caps.fraction:.0%} of the training time (--eval_budget; 0 turns "
+                                         f"it off): fast eval {caps.eval_max_batches:,} batches per split, slow eval "
+                                         f"{caps.slow_eval_max_windows:,} windows per split, "
+                                         f"{caps.eval_every_max_batches:,} batches during training"))
     return rows

@@ -109,7 +109,7 @@ def prepare_books(src: str | os.PathLike, out_root: str | os.PathLike, vocab_siz
         with ProcessPoolExecutor(workers or os.cpu_count(), initializer=_init_worker,
                                  initargs=(str(model_path),)) as pool:
             counts = list(tqdm(pool.map(_tokenise, jobs), total=len(jobs), desc="tokenising", unit="book",
-                               disable=quiet))
+                               disable=True if quiet else None))
 
         manifest = ["split\tname\tsource\tbytes\ttokens"]
         digests, file_digests, i = {}, {}, 0

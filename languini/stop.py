@@ -18,11 +18,12 @@ STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1", "S
 
 
 class StopRequested(Exception):
-    """A stop signal arrived; the message says what was saved."""
+    """The run stopped before its last step (a stop signal, --stop_at_step); the message says what was saved."""
 
-    def __init__(self, message: str, announce: bool = True):
+    def __init__(self, message: str, announce: bool = True, drop_flags: tuple[str, ...] = ()):
         super().__init__(message)
         self.announce = announce  # only rank 0 prints how to continue
+        self.drop_flags = drop_flags  # flags the command that continues the run leaves out
 
 
 class StopSignals:

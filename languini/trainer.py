@@ -28,7 +28,10 @@ from languini.books import SLOW_EVAL_PROTOCOLS, BooksDataset, TrainBatches
 from languini.compute_class import DEFAULT_REFERENCE_HARDWARE
 from languini.evaluation import Evaluator, evaluate_splits
 from languini.flags import arg
+from languini.stages import STAGE_BATCHES
 from languini.stop import StopSignals
+
+DEFAULT_WARMUP = 200  # steps of linear warm-up of a run of 2,000 steps or more
 
 
 @dataclass
@@ -41,6 +44,10 @@ class TrainConfig:
     stages: str | None = arg(None, "sequence-length stages, e.g. 128:0.25,512: a quarter of the tokens at 128, the "
                                    "rest at 512, each charged at its own throughput (None: one stage at seq_len; "
                                    "a project may name schedules in its configs.STAGES)")
+    stage_batch: str = arg("tokens", "with --stages, what a step's batch keeps fixed: tokens (the Shortformer "
+                                     "authors': batch_size x the last stage's length, so a stage at a quarter of it "
+                                     "trains 4 x batch_size sequences) or sequences (batch_size at every length)",
+                           choices=STAGE_BATCHES)
     batch_size: int = arg(16, "global batch: sequences per optimiser step, whatever the processes and accumulation")
     micro_batches: int = arg(1, "gradient-accumulation steps per process")
     lr: float = arg(6e-4, "peak learning rate (memory values get the model's own multiple)")
@@ -48,7 +55,9 @@ class TrainConfig:
                            "ramp_times_cosine (the official Languini code's): a linear warm-up ramp times a cosine "
                            "that decays over all steps from step 0; warmup_then_cosine: linear warm-up, then a "
                            "cosine over the remaining steps", choices=("ramp_times_cosine", "warmup_then_cosine"))
-    warmup_steps: int = arg(200, "linear warm-up steps (warmup_then_cosine: at most a tenth of the run)")
+    warmup_steps: int | None = arg(None, f"linear warm-up steps; None: {DEFAULT_WARMUP}, or a tenth of the run if "
+                                         "that is shorter, so that a short run reaches the peak lr "
+                                         "(warmup_then_cosine: always at most a tenth of the run)")
     final_lr_fraction: float = arg(0.01, "cosine decay to this fraction of lr (the paper: 100x)")
     grad_clip: float | None = arg(None, "max gradient norm; None disables clipping")
     eval_every: int | None = arg(None, "steps between evaluations during training; None: ten per run")
@@ -59,7 +68,11 @@ class TrainConfig:
     eval_max_batches: int | None = arg(500, "fast eval: up to this many batches per split")
     eval_every_max_batches: int | None = arg(50, "fast eval during training: up to this many batches (at most "
                                                  "--eval_max_batches; the final evaluation is the full one)")
-    slow_eval_max_windows: int | None = arg(None, "slow eval: cap on windows per split (None: the whole split)")
+    slow_eval_max_windows: int | None = arg(None, "slow eval: cap on windows per split, evenly spaced over it (a "
+                                                  "stateful model's: the first ones); None: the whole split")
+    eval_budget: float | None = arg(None, "lower the eval caps so that evaluation is expected to take at most this "
+                                          "fraction of the training time; None: 0.25 on a CPU (a CPU-sized config "
+                                          "without a GPU), no limit on a GPU; 0: no limit")
     slow_eval: str = arg("last_n", "slow eval of stateless models: last_n (the official eval.py, the paper's tables): "
                          "every window, the first too, scores only its last slow_eval_last_n targets; every_target: "
                          "the first window scores all its targets, so every target counts once",
@@ -69,6 +82,9 @@ class TrainConfig:
     precision: str = arg("auto", "auto (bf16 if supported, else fp16 with a grad scaler; fp32 on CPU), bf16, fp16, fp32")
     compile: bool = arg(False, "torch.compile the model (true/false)")
     seed: int = arg(0, "seed of the model's initialisation")
+    retime: bool = arg(False, "on a CPU (a CPU-sized config without a GPU): time the model on this machine before "
+                              "the run even if a row exists, and keep the row in <out_dir>/throughput.csv for "
+                              "later runs here (true/false)")
 
 
 class NonFiniteLoss(RuntimeError):
@@ -78,6 +94,12 @@ class NonFiniteLoss(RuntimeError):
 def eval_interval(tcfg: TrainConfig, total_steps: int) -> int:
     """Steps between the evaluations during training: --eval_every, or ten per run."""
     return tcfg.eval_every or max(total_steps // 10, 1)
+
+
+def progress_evaluations(tcfg: TrainConfig, total_steps: int) -> int:
+    """How many evaluations during training a run does: every eval_interval steps and after its last step."""
+    interval = eval_interval(tcfg, total_steps)
+    return total_steps // interval + (1 if total_steps % interval else 0)
 
 
 def progress_split(splits: list[str]) -> str:
@@ -162,13 +184,20 @@ def build_optimizers(model: torch.nn.Module, lr: float, device: torch.device):
     return optimizers, [p for g in dense for p in g["params"]]
 
 
+def warmup_steps(tcfg: TrainConfig, total_steps: int) -> int:
+    """The warm-up of a run of total_steps: --warmup_steps, else DEFAULT_WARMUP or a tenth of the run if shorter;
+    warmup_then_cosine caps any warm-up at a tenth of the run."""
+    tenth = max(total_steps // 10, 1)
+    if tcfg.warmup_steps is None:
+        return min(DEFAULT_WARMUP, tenth)
+    return min(tcfg.warmup_steps, tenth) if tcfg.lr_schedule == "warmup_then_cosine" else tcfg.warmup_steps
+
+
 def build_schedulers(optimizers, tcfg: TrainConfig, total_steps: int) -> list:
     """One LambdaLR per optimiser following --lr_schedule over `total_steps` steps."""
     if tcfg.lr_schedule not in LR_SCHEDULES:
         raise ValueError(f"--lr_schedule must be one of {', '.join(LR_SCHEDULES)}, not {tcfg.lr_schedule}")
-    lr_factor, warmup = LR_SCHEDULES[tcfg.lr_schedule], tcfg.warmup_steps
-    if tcfg.lr_schedule == "warmup_then_cosine":
-        warmup = min(warmup, max(total_steps // 10, 1))
+    lr_factor, warmup = LR_SCHEDULES[tcfg.lr_schedule], warmup_steps(tcfg, total_steps)
     return [torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: lr_factor(s, total_steps, warmup, tcfg.final_lr_fraction)) for opt in optimizers]
 
@@ -291,7 +320,8 @@ class Trainer:
         self.device = device or torch.device("cpu")
         self.seq_len = model_cfg.seq_len
         # the length of each step (without --stages, seq_len throughout) and each stage's reference throughput
-        self.schedule = schedule or stages.schedule_for_steps(tcfg.stages, self.seq_len, total_steps, tokens_per_second)
+        self.schedule = schedule or stages.schedule_for_steps(tcfg.stages, self.seq_len, total_steps, tokens_per_second,
+                                                              tcfg.stage_batch)
 
         torch.manual_seed(tcfg.seed)
         self.model = model_cls(model_cfg).to(self.device)
@@ -324,6 +354,7 @@ class Trainer:
         self.evaluator = evaluator(tcfg.eval_max_batches)
         self.progress_evaluator = evaluator(eval_every_max_batches(tcfg))  # the smaller evaluations during training
         self.eval_split = progress_split(dataset.splits)
+        self.last_progress = None  # the last evaluation during training (progress_evaluation)
         self.step = 0
         self.train_seconds = 0.0  # wall time of the training steps so far, evaluations and checkpoints apart
         # wall time over all jobs of the run (kept in checkpoints); _clock is the last accounting while training
@@ -352,14 +383,19 @@ class Trainer:
                 "scaler": self.scaler.state_dict() if self.scaler else None,
                 "rng": checkpoint.rng_state(), "step": self.step, "states": states, "state_dtypes": state_dtypes,
                 "model_config": dataclasses.asdict(self.model_cfg), "total_steps": self.total_steps,
-                "stage_steps": list(zip(self.schedule.seq_lens, self.schedule.steps)),
+                "stage_steps": self._stage_steps(),
                 "train_wall_seconds": self.train_seconds, "wall_seconds": dict(self.wall_seconds)}
+
+    def _stage_steps(self) -> list[tuple]:
+        """(length, steps) of each stage, and its rows per stream where more than one (--stage_batch tokens)."""
+        return [(length, n) if r == 1 else (length, n, r)
+                for length, n, r in zip(self.schedule.seq_lens, self.schedule.steps, self.schedule.rows)]
 
     def load_state_dict(self, ckpt: dict) -> None:
         """Continue from a state_dict() (a checkpoint) of a run with the same model config and budget."""
-        stage_steps = [list(s) for s in ckpt.get("stage_steps", zip(self.schedule.seq_lens, self.schedule.steps))]
+        stage_steps = [list(s) for s in ckpt.get("stage_steps", self._stage_steps())]
         if (ckpt["model_config"] != dataclasses.asdict(self.model_cfg) or ckpt["total_steps"] != self.total_steps
-                or stage_steps != [list(s) for s in zip(self.schedule.seq_lens, self.schedule.steps)]):
+                or stage_steps != [list(s) for s in self._stage_steps()]):
             raise ValueError(f"The checkpoint in {self.run_dir} was trained with another model config or budget; "
                              "resume with the same flags or choose another --run_name.")
         if self.ddp.world_size > 1:  # every process carries the states of its own streams
@@ -424,8 +460,9 @@ class Trainer:
         eval_every = eval_interval(tcfg, total)
         ckpt_every = tcfg.checkpoint_every or eval_every
         last = min(total, tcfg.stop_at_step) if tcfg.stop_at_step else total
+        # disable=None: a bar only on a terminal, so that redirected logs hold lines, not carriage returns
         bar = tqdm(total=total, initial=self.step, desc=f"{self.project}/{self.config_name}", unit="step",
-                   disable=not self.ddp.main, dynamic_ncols=True)
+                   disable=None if self.ddp.main else True, dynamic_ncols=True)
         prefetch = ThreadPoolExecutor(1)  # batches depend only on the step, so the next one loads meanwhile
         future = prefetch.submit(self.batches, self.step)
         t_mark = time.perf_counter()  # the end of the last step or pause
@@ -439,6 +476,8 @@ class Trainer:
                 x, y = future.result()
                 if self.step + 1 < last:
                     future = prefetch.submit(self.batches, self.step + 1)
+                if self.schedule.resets_state_at(self.step):  # the rows of a stream change: none continues a text
+                    self.states = [None] * tcfg.micro_batches
                 loss = self.train_step(x, y)
                 if not math.isfinite(loss):
                     raise NonFiniteLoss(
@@ -463,12 +502,12 @@ class Trainer:
                     log.write(row)
                     bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}",
                                     **({"mfu": f"{row['mfu']:.1%}"} if "mfu" in row else {}))
-                if self.step % eval_every == 0 and self.step < total:
+                if self.step % eval_every == 0 or self.step == total:
                     self._account_wall("training")
                     started = time.perf_counter()
-                    result = self.progress_evaluator.fast(self.model, self.dataset.books(self.eval_split)).as_dict()
-                    log.write({"event": "eval", **self.position(self.step), "split": self.eval_split,
-                               "mode": "fast", **result, "wall_seconds": time.perf_counter() - started})
+                    result = self.last_progress = self.progress_evaluation()
+                    log.write({"event": "eval", **self.position(self.step), **result,
+                               "wall_seconds": time.perf_counter() - started})
                     if self.ddp.main:  # tqdm.write prints even where the bar is disabled
                         bar.write(f"step {self.step}: {self.eval_split} normalised perplexity "
                                   f"{result['normalised_perplexity']:.4f}")
@@ -485,6 +524,14 @@ class Trainer:
             self._account_wall("training")
             self._clock = None
 
+    def progress_evaluation(self) -> dict:
+        """The evaluation during training: the fast eval of the first --eval_every_max_batches batches of the
+        valid split (or test), the same subset every time, the last step's included, so that a learning curve
+        compares like with like (the final evaluation reads more)."""
+        result = self.progress_evaluator.fast(self.model, self.dataset.books(self.eval_split)).as_dict()
+        return {"split": self.eval_split, "mode": "fast", **result, "max_batches": self.progress_evaluator.max_batches,
+                "progress": True}
+
     def final_evaluation(self, log) -> dict:
         say = print if self.ddp.main else (lambda *a, **k: None)
         start = time.perf_counter()
@@ -492,6 +539,8 @@ class Trainer:
                                 [s for s in self.dataset.splits if s != "train"], self.stateful,
                                 write_row=lambda row: log.write({"event": "eval", **self.position(self.step), **row}),
                                 say=say)
+        # the last point of the learning curve, on the subset of every evaluation during training
+        evals["progress_eval"] = {"step": self.step, **(self.last_progress or self.progress_evaluation())}
         self.wall_seconds["final_evaluation"] += time.perf_counter() - start
         return evals
 

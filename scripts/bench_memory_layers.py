@@ -58,6 +58,7 @@ import torch
 from torch import nn
 
 from languini import timing
+from languini.flags import Parser
 from languini.hardware import device_spec
 from languini.trainer import precision_for
 from projects.lram_gpt.memory import LRAMBlock, theta
@@ -434,7 +435,7 @@ def package_version(name):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cuda", "cpu"], default=None, help="cuda when available")
     parser.add_argument("--widths", type=parse_widths, default=parse_widths(DEFAULT_WIDTHS))
     parser.add_argument("--params", type=parse_params, default=parse_params(DEFAULT_PARAMS),

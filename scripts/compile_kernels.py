@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from languini.flags import Parser
+
 ROOT = Path(__file__).resolve().parents[1]
 # a Triton kernel: a jit function (perhaps under further decorators) whose name ends in _kernel
 KERNEL_DEFINITION = re.compile(r"^@triton\.jit[^\n]*\n(?:@[^\n]*\n)*def (\w+_kernel)\(", re.MULTILINE)
@@ -198,7 +200,7 @@ def _pointer_dtypes(signature):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--project", choices=PROJECTS, action="append",
                         help="project whose kernels to compile; repeat for several (default: all)")
     parser.add_argument("--arch", type=int, action="append",

@@ -1,11 +1,13 @@
 """Evaluate a run's checkpoint as the final evaluation of train.py does, into the run's results.json.
 
-    python scripts/evaluate.py runs/gpt_small_6h_bs128_seed0                          # every held-out split
-    python scripts/evaluate.py runs/gpt_small_6h_bs128_seed0 --split test java --mode slow --last_n 64
+    python scripts/evaluate.py runs/gpt_small_books_16384-1a2b3c4d_6h_bs128_seed0     # every held-out split
+    python scripts/evaluate.py runs/gpt_small_books_16384-1a2b3c4d_6h_bs128_seed0 --split test java --mode slow \
+        --last_n 64
     torchrun --standalone --nproc_per_node 4 scripts/evaluate.py RUN_DIR                # shared by 4 GPUs
 
 The model is rebuilt from the run's config.json (written when training starts; a results.json serves too)
-and the weights of its checkpoint.pt, and the data is found as in training (--data_root, --tokenizer to
+and the weights of its checkpoint.pt (RUN_DIR is runs/<project>_<config>_<dataset>-<fingerprint>_<class>_bs<batch>
+_seed<seed>, as train.py names it, or its --run_name), and the data is found as in training (--data_root, --tokenizer to
 look elsewhere). Each split and mode evaluated replaces its entry in results.json (created if the run has
 none yet), with the fields training writes: normalised perplexity per byte and per character, top-1 and
 top-10 accuracy, tokens, bytes and characters scored, and for the slow eval its protocol.
@@ -22,6 +24,7 @@ import torch
 from languini import checkpoint, datasets, experiment, model_contract, run_folder, tokenizer
 from languini.books import SLOW_EVAL_PROTOCOLS, DataError
 from languini.evaluation import Evaluator, describe_slow_protocol, evaluate_splits
+from languini.flags import Parser
 from languini.trainer import TrainConfig, init_distributed, precision_for, write_json
 
 RESULTS = "results.json"
@@ -34,7 +37,7 @@ def optional_int(text: str) -> int | None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", help="a run folder of train.py (holding config.json and checkpoint.pt)")
     parser.add_argument("--split", nargs="+", default=None, help="splits to evaluate (default: all but train)")
     parser.add_argument("--mode", choices=("fast", "slow", "both"), default="both", help="default: both")

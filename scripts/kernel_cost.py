@@ -34,6 +34,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compile_kernels  # noqa: E402  (a sibling script, not a package)
 
+from languini.flags import Parser
+
 # Spec-sheet numbers of an H100 SXM (not measured): 132 SMs x 4 schedulers issuing one warp-instruction per
 # clock at the 1.98 GHz boost clock; 3.35 TB/s of HBM3.
 H100_WARP_INSTRUCTIONS_PER_S = 132 * 4 * 1.98e9
@@ -247,7 +249,7 @@ def print_table(rows):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--project", choices=compile_kernels.PROJECTS, action="append",
                         help="project whose kernels to cost; repeat for several (default: lram_gpt)")
     parser.add_argument("--arch", type=int, choices=sorted(SM_LIMITS), default=90,

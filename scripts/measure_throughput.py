@@ -2,7 +2,7 @@
 
     python scripts/measure_throughput.py gpt small --sweep                  # best over batch sizes
     python scripts/measure_throughput.py gpt small --batch_size 32          # one batch size
-    python scripts/measure_throughput.py gpt cpu --vocab_size 16384 --sweep --registry projects/gpt/throughput.csv
+    python scripts/measure_throughput.py gpt cpu --vocab_size 16384 --batch_size 16 --registry runs/throughput.csv
     python scripts/measure_throughput.py lram_gpt small --sweep --derive "RTX 3090" --baseline gpt:small
 
 Takes the model flags of the project's train.py (each overrides that field of the named config), so the
@@ -12,7 +12,9 @@ reports the median tokens/s after warm-up and the peak memory, prints forward FL
 The step timed is the trainer's own: --grad_clip and --micro_batches (train.py's flags, with its defaults)
 make it the step of a run that sets them; with micro-batches the sweep grows the micro-batch.
 With --registry the `measured` row is appended to that CSV (projects/<project>/throughput.csv is the one
-training reads); without it the row is printed, to be added by hand once checked.
+training reads); without it the row is printed, to be added by hand once checked. On a CPU only CPU-sized
+configs are timed (--paper_config_on_cpu true for others), and the row goes to runs/throughput.csv, which
+train.py reads first on this machine, not to a project's committed registry (--cpu_row_in_project true).
 
 --derive HARDWARE --baseline PROJECT:CONFIG gives a row for hardware one does not have: it measures the
 baseline too, in the same run on the same device, and derives this model's row on HARDWARE as the
@@ -27,15 +29,18 @@ import importlib
 import importlib.metadata
 import shlex
 import sys
+from pathlib import Path
 
 import torch
 
 from languini import flops, throughput
-from languini.flags import add_dataclass_flags, overrides, parse_bool
+from languini.flags import Parser, add_dataclass_flags, overrides, parse_bool
 from languini.measure import Measurement, measure_batch_size, measured_row
+from languini.plan import cpu_sized
 from languini.trainer import TrainConfig, precision_for
 
 MIN_TIMED_STEPS = 10
+PROJECTS = Path(__file__).resolve().parents[1] / "projects"
 
 
 def load_configs(project: str):
@@ -63,22 +68,28 @@ def load_project(project: str, config: str, model_overrides: dict | None = None)
     return model_module.Model, model_config, throughput.model_spec(project, config, model_config)
 
 
+SLOWER_IN_A_ROW = 2  # on a CPU the sweep stops once this many larger batches in a row are slower than the best
+
+
 def sweep_batch_sizes(measure, max_batch_size: int, stop_when_slower: bool) -> list[Measurement]:
     """Double the batch size until out of memory, then bisect towards the largest batch that fits.
 
-    On CPU nothing runs out of memory before the machine swaps, so `stop_when_slower`
-    also ends the doubling once a larger batch is slower.
+    On CPU nothing runs out of memory before the machine swaps, so `stop_when_slower` also ends the doubling
+    once SLOWER_IN_A_ROW larger batches in a row are slower than the best so far (one noisy measurement does not
+    end it).
     """
     results = {}
-    batch_size, largest_fit, smallest_oom = 1, None, None
+    batch_size, largest_fit, smallest_oom, slower = 1, None, None, 0
     while batch_size <= max_batch_size:
         result = results[batch_size] = measure(batch_size)
         if result.tokens_per_second is None:
             smallest_oom = batch_size
             break
-        if stop_when_slower and largest_fit and result.tokens_per_second < results[largest_fit].tokens_per_second:
-            break
+        best = max((r.tokens_per_second for r in results.values() if r.tokens_per_second is not None))
+        slower = slower + 1 if stop_when_slower and result.tokens_per_second < best else 0
         largest_fit = batch_size
+        if slower >= SLOWER_IN_A_ROW:
+            break
         batch_size *= 2
     if largest_fit is None:
         raise SystemExit("out of memory at batch size 1: this config does not fit on this device")
@@ -109,7 +120,7 @@ def build_parser(configs=None, first_pass: bool = False) -> argparse.ArgumentPar
 
     The first pass only finds the project (whose model flags are not known yet).
     """
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      add_help=not first_pass)
     optional = {"nargs": "?"} if first_pass else {}
     parser.add_argument("project", help="package name under projects/, e.g. gpt", **optional)
@@ -132,13 +143,25 @@ def build_parser(configs=None, first_pass: bool = False) -> argparse.ArgumentPar
                              f"global batch (default {TrainConfig.micro_batches})")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--max_batch_size", type=int, default=4096, help="largest batch size the sweep tries")
+    parser.add_argument("--paper_config_on_cpu", type=parse_bool, default=False,
+                        help="time a config that is not CPU-sized ('cpu', '*_cpu') on a CPU: minutes per step for "
+                             "the paper's sizes, and a row no compute class uses (true/false; default false)")
+    parser.add_argument("--cpu_row_in_project", type=parse_bool, default=False,
+                        help="let a CPU row go into a project's committed registry (projects/<p>/throughput.csv), "
+                             "whose cpu rows set the steps of every clone's CPU runs; by default a CPU row goes "
+                             "only to another file, e.g. runs/throughput.csv, which train.py reads on this machine "
+                             "(true/false; default false)")
     parser.add_argument("--derive", metavar="HARDWARE",
                         help="also derive a row for this reference hardware by ratio to --baseline (e.g. 'RTX 3090')")
     parser.add_argument("--baseline", metavar="PROJECT:CONFIG",
                         help="with --derive: an unmodified config with a row on that hardware, e.g. gpt:small")
     if configs is not None:
         add_dataclass_flags(parser, configs.ModelConfig, "model (each overrides that field of the config, as in "
-                            "the project's train.py)", show_defaults=False)
+                            "the project's train.py)", defaults="defaults: those of the config named")
+    elif not first_pass:
+        parser.add_argument_group("model", "the model flags of the project's train.py, each overriding that field of "
+                                           "the config: `python scripts/measure_throughput.py PROJECT --help` lists "
+                                           "them")
     return parser
 
 
@@ -161,7 +184,22 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--derive and --baseline go together: --derive 'RTX 3090' --baseline gpt:small")
     if args.baseline is not None and args.baseline.count(":") != 1:
         parser.error(f"--baseline is PROJECT:CONFIG, e.g. gpt:small; got {args.baseline!r}")
+    if torch.device(args.device).type == "cpu":
+        if not cpu_sized(args.config) and not args.paper_config_on_cpu:
+            parser.error(f"'{args.config}' is a paper config: on a CPU a step takes minutes and no compute class "
+                         "uses the row. Time it on a GPU, time a CPU-sized config ('cpu' or '*_cpu'), or pass "
+                         "--paper_config_on_cpu true.")
+        if args.registry is not None and in_project_registry(args.registry) and not args.cpu_row_in_project:
+            parser.error(f"--registry {args.registry} is a project's committed registry: its cpu rows set the steps "
+                         "of every clone's CPU runs. Keep this machine's row in runs/throughput.csv (train.py reads "
+                         "it here first), or pass --cpu_row_in_project true to commit a row timed on an idle CPU.")
     return args
+
+
+def in_project_registry(path: str) -> bool:
+    """Whether `path` is a project's committed registry, projects/<p>/throughput.csv."""
+    resolved = Path(path).resolve()
+    return resolved.name == "throughput.csv" and resolved.parent.parent == PROJECTS.resolve()
 
 
 def run_note(args: argparse.Namespace, n_fitted: int, argv) -> str:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from languini.books import OFFICIAL_LISTING_SHA256, DataError, listing_digest
-from languini.flags import add_bool_flag
+from languini.flags import Parser, add_bool_flag
 from languini.prepare import prepare_books
 
 REPO_DATA = Path(__file__).resolve().parents[1] / "data"  # where train.py looks without --data_root
@@ -39,7 +39,7 @@ def check(folder: Path) -> bool:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("books", nargs="?", help="folder with split sub-folders of .txt/.txt.gz books")
     parser.add_argument("--out", default=str(REPO_DATA),
                         help="data root; the dataset goes to OUT/books_<vocab>/ (default: the repository's data/)")

@@ -18,6 +18,7 @@ from dataclasses import replace
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from languini.flags import Parser
 from languini.trainer import precision_for
 from projects.lram_gpt.memory import LRAMBlock
 from projects.pkm_gpt.pkm import LRAM_PAPER_PKM, ProductKeyMemory
@@ -36,7 +37,7 @@ def build(args) -> torch.nn.Module:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layer", choices=["lram", "pkm"], default="lram")
     parser.add_argument("--width", type=int, default=768)
     parser.add_argument("--batch", type=int, default=16)

@@ -25,6 +25,8 @@ import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from languini.flags import Parser
+
 PAPER_REPEATS = 15  # Figure 3: "the median of 15 successive runs"
 # Which facts to print by default: the sizes of the LRAM issue's PKM comparison and the range of its flatness
 # statement (projects/lram_gpt/README.md). Where the goals draw their lines is for the reader, not for this script.
@@ -384,7 +386,7 @@ def parse_range(text: str) -> tuple[int, int]:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("csvs", nargs="+", type=Path, help="CSVs written by scripts/bench_memory_layers.py")
     parser.add_argument("--ratios_at", type=parse_params, default=parse_params(DEFAULT_RATIOS_AT),
                         help="parameter targets at which to print PKM / LRAM")

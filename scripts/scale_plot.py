@@ -19,12 +19,20 @@ Only comparable runs are fitted together: the same dataset (its fingerprint), to
 hardware and evaluation (mode, split and the number of tokens scored, which a cap on the evaluation
 changes). Runs trained for --max_steps (no compute class) are left out unless --with_max_steps true,
 and a copied run (the same results.json twice) counts once. When the runs form several such groups,
-nothing is fitted: the groups are listed with what differs, and --group N picks one.
+nothing is fitted: the groups are listed with what differs, and --group N picks one. Points whose evaluation
+read only a sample of the split (--slow_eval_max_windows, or caps sized to a CPU class) are fitted, and the
+plot's title and the output say so.
+
+Learning curves (--curves) draw the evaluations during training, which read the same batches of the valid
+split every time, the last step included; the final evaluation, which reads more text, is not part of the
+line (logs written before that are drawn with their final point apart, hollow). Only comparable runs share a
+plot, as above (--group N).
 """
 
 import argparse
 import json
 import math
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,9 +44,10 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator  # noqa: E402
 
 from languini.compute_class import PAPER_COMPUTE_CLASSES, compute_class_seconds  # noqa: E402
-from languini.flags import add_bool_flag  # noqa: E402
+from languini.flags import Parser, add_bool_flag  # noqa: E402
 from languini.throughput import normalise_hardware  # noqa: E402
 
+FULL_FAST_EVAL_BATCHES = 500  # train.py's default --eval_max_batches: a fast eval capped lower reads a sample
 # What must be equal for two runs to be fitted together; the parts of a Point's `comparable` and `labels`.
 COMPARED = ("dataset", "tokenizer", "reference hardware", "evaluation")
 
@@ -53,6 +62,7 @@ class Point:
     normalised_perplexity: float
     comparable: tuple = ()  # one value per COMPARED part: equal tuples, comparable runs
     labels: tuple = ()  # the same parts in words
+    capped: bool = False  # its evaluation read only part of the split (evaluation_caps)
 
     @property
     def accelerator_hours(self) -> float:
@@ -156,6 +166,9 @@ def load_points(runs: list[Path], mode: str, split: str, with_max_steps: bool = 
             continue
         seen[content] = run
         key, labels = comparability(results, mode, split)
+        train = results.get("train_config") or {}
+        cap = (evaluation.get("max_windows", train.get("slow_eval_max_windows")) if mode == "slow"
+               else evaluation.get("max_batches", train.get("eval_max_batches")))
         points.append(Point(
             project=results["project"],
             run=str(run),
@@ -165,6 +178,7 @@ def load_points(runs: list[Path], mode: str, split: str, with_max_steps: bool = 
             normalised_perplexity=float(evaluation["normalised_perplexity"]),
             comparable=key,
             labels=labels,
+            capped=cap is not None and (mode == "slow" or cap < FULL_FAST_EVAL_BATCHES),
         ))
     return points, skipped
 
@@ -299,7 +313,7 @@ def plot_scaling(points: list[Point], fits: list[Fit], out: Path, title: str) ->
             axis.legend(fontsize=8)
         axis.grid(True, which="both", alpha=0.3)
     time_axis.set_xlabel(f"accelerator hours on the reference hardware ({points[0].labels[2]})")
-    time_axis.set_title(f"{title}\nfit: ppl = intercept + slope * ln(accelerator hours)", fontsize=9)
+    time_axis.set_title(wrapped(f"{title}\nfit: ppl = intercept + slope * ln(accelerator hours)"), fontsize=9)
     compute_class_lines(time_axis, {p.compute_class for p in points if p.compute_class}, unit_seconds=3600)
     flops_axis.set_xlabel("total FLOPs (3 x forward)")
     flops_axis.set_title("fit: ppl = intercept + slope * ln(FLOPs)", fontsize=9)
@@ -320,50 +334,108 @@ def curve_split(rows: list[dict], mode: str) -> str | None:
 CURVE_X_LABELS = {"accelerator_seconds": "accelerator seconds (reference hardware)", "tokens": "training tokens"}
 
 
-def plot_curves(runs: list[Path], out: Path, mode: str, split: str | None,
-                x: str = "accelerator_seconds") -> tuple[int, list[str]]:
-    """Normalised perplexity over `x` from each run's eval rows; returns the curves drawn and why others were not.
+@dataclass(frozen=True)
+class Curve:
+    """A run's learning curve: its evaluations during training (`points`, all on the same subset of the split),
+    and where the log predates that subset, its final evaluation apart (`final`), which read more text."""
+    run: str
+    points: tuple  # (x, normalised perplexity)
+    final: tuple | None
+    compute_class: str | None
+    comparable: tuple = ()  # as Point's: equal tuples, curves that may share a plot
+    labels: tuple = ()
 
-    Without a split, each run's training-time eval split (valid, or test) is drawn. A run trained without a
-    reference throughput (e.g. --max_steps on a config with no registry row) has no accelerator seconds:
-    draw it over tokens."""
-    figure, axis = plt.subplots(figsize=(8, 5))
-    drawn, classes, splits, skipped = 0, set(), set(), []
+
+def load_curve(run: Path, mode: str, split: str | None, x: str) -> Curve | str:
+    """The learning curve of a run, or why it has none."""
+    rows = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
+    run_split = split or curve_split(rows, mode)
+    evals = [r for r in rows if r.get("event") == "eval" and r.get("mode") == mode and r.get("split") == run_split]
+    if not evals:
+        return f"{run.name}: no {mode} eval rows on {run_split!r}"
+    if any(r.get(x) is None for r in evals):
+        return f"{run.name}: its eval rows have no {x} (try --x tokens)"
+    final = None
+    if any(r.get("progress") for r in evals):  # marked: every evaluation during training reads the same subset
+        evals = [r for r in evals if r.get("progress")]
+    elif len(evals) > 1:  # an older log: its last row is the final evaluation, which read more of the split
+        *evals, last = sorted(evals, key=lambda r: r[x])
+        final = (last[x], last["normalised_perplexity"])
+    evals.sort(key=lambda r: r[x])
+    record = next((json.loads((run / name).read_text()) for name in ("results.json", "config.json")
+                   if (run / name).is_file()), {})
+    train = record.get("train_config") or record.get("train") or {}
+    fingerprint = record.get("dataset_fingerprint")
+    vocab = (record.get("model_config") or record.get("model") or {}).get("vocab_size")
+    hardware = train.get("reference_hardware") or record.get("reference_hardware") or "unknown"
+    subset = evals[0].get("max_batches", "not recorded")
+    comparable = (fingerprint or record.get("dataset"), vocab, hardware, (mode, run_split, subset))
+    labels = (f"{record.get('dataset_name')} (fingerprint {fingerprint})" if fingerprint else "dataset not recorded",
+              f"{vocab} tokens", hardware, f"{mode} eval on {run_split}, at most {subset} batches")
+    return Curve(run.name, tuple((r[x], r["normalised_perplexity"]) for r in evals), final,
+                 record.get("compute_class") or train.get("compute_class"), comparable, labels)
+
+
+def plot_curves(runs: list[Path], out: Path, mode: str, split: str | None, x: str = "accelerator_seconds",
+                group: int | None = None) -> tuple[int, list[str]]:
+    """Normalised perplexity over `x` from each run's evaluations during training; returns the curves drawn and
+    why others were not.
+
+    Without a split, each run's training-time eval split (valid, or test) is drawn. Only comparable runs share a
+    plot (the same dataset, vocabulary, reference hardware and evaluated subset): with several groups, --group N
+    picks one. A run trained without a reference throughput has no accelerator seconds: draw it over tokens."""
+    curves, skipped = [], []
     for run in runs:
-        rows = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
-        run_split = split or curve_split(rows, mode)
-        splits.add(run_split)
-        evals = [r for r in rows if r.get("event") == "eval" and r.get("mode") == mode and r.get("split") == run_split]
-        if not evals:
-            skipped.append(f"{run.name}: no {mode} eval rows on {run_split!r}")
-            continue
-        if any(r.get(x) is None for r in evals):
-            skipped.append(f"{run.name}: its eval rows have no {x} (try --x tokens)")
-            continue
-        evals.sort(key=lambda r: r[x])
-        axis.plot([r[x] for r in evals], [r["normalised_perplexity"] for r in evals], marker=".", label=run.name)
-        results = json.loads((run / "results.json").read_text()) if (run / "results.json").is_file() else {}
-        classes.update({results["compute_class"]} if results.get("compute_class") else set())
-        drawn += 1
-    if drawn == 0:
+        curve = load_curve(run, mode, split, x)
+        (skipped if isinstance(curve, str) else curves).append(curve)
+    if not curves:
         raise SystemExit(f"no learning curve to draw: {'; '.join(skipped)}")
+    groups = comparable_groups(curves)
+    if group is not None:
+        if not 1 <= group <= len(groups):
+            raise SystemExit(f"--group {group}: the runs form {len(groups)} group(s)\n{describe_groups(groups)}")
+        curves = groups[group - 1]
+    elif len(groups) > 1:
+        raise SystemExit(describe_groups(groups).replace("fitted together", "drawn together"))
+    figure, axis = plt.subplots(figsize=(8, 5))
+    for curve in curves:
+        [line] = axis.plot(*zip(*curve.points), marker=".", label=curve.run)
+        if curve.final is not None:
+            axis.plot(*curve.final, marker="o", fillstyle="none", linestyle="none", color=line.get_color(),
+                      label=f"{curve.run}: final evaluation (more text than the curve's)")
     axis.set_xscale("log")
     axis.xaxis.set_minor_formatter(NullFormatter())
     axis.set_xlabel(CURVE_X_LABELS[x])
     axis.set_ylabel("normalised perplexity")
-    axis.set_title(f"learning curves ({mode} eval, {', '.join(sorted(s for s in splits if s))})", fontsize=9)
+    dataset, _, hardware, evaluation = curves[0].labels
+    axis.set_title(wrapped(f"learning curves: {evaluation}, the same batches at every point; dataset {dataset}; "
+                           f"reference hardware {hardware}"), fontsize=9)
     if x == "accelerator_seconds":  # compute classes are accelerator seconds, not tokens
-        compute_class_lines(axis, classes)
+        compute_class_lines(axis, {c.compute_class for c in curves if c.compute_class})
     axis.legend(fontsize=7)
     axis.grid(True, which="both", alpha=0.3)
     figure.tight_layout()
     figure.savefig(out, dpi=150)
     plt.close(figure)
-    return drawn, skipped
+    return len(curves), skipped
+
+
+def wrapped(title: str, width: int = 90) -> str:
+    """A title in lines of at most `width` characters, so that it fits the figure."""
+    return "\n".join(textwrap.fill(line, width) for line in title.split("\n"))
+
+
+def capped_note(points: list[Point], mode: str) -> str | None:
+    """A warning when the points' evaluation read only part of the split, or None."""
+    caps = {p.labels[3] for p in points if p.capped}
+    if not caps:
+        return None
+    return (f"capped {mode} evaluation: the points score a sample of the split ({'; '.join(sorted(caps))}), not "
+            "the whole split as the paper's tables do")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="run directories, or folders searched for results.json")
     parser.add_argument("--out", required=True, help="image file to write, e.g. scale.png")
     parser.add_argument("--mode", choices=("fast", "slow"), default=None,
@@ -377,7 +449,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_bool_flag(parser, "--all_runs", False, "plot every run, not only the best per project and compute class")
     add_bool_flag(parser, "--with_max_steps", False, "also fit runs trained for --max_steps (no compute class)")
     parser.add_argument("--group", type=int, default=None,
-                        help="when the runs form several groups of comparable runs, fit the N-th one listed")
+                        help="when the runs form several groups of comparable runs, fit (or with --curves, draw) "
+                             "the N-th one listed")
     return parser.parse_args(argv)
 
 
@@ -385,8 +458,10 @@ def main(argv=None) -> list[Fit]:
     args = parse_args(argv)
     runs = find_runs(args.runs)
     out = Path(args.out)
+    if not out.parent.is_dir():
+        raise SystemExit(f"--out {out}: the folder {out.parent} does not exist")
     if args.curves:
-        drawn, skipped = plot_curves(runs, out, args.mode or "fast", args.split, args.x)
+        drawn, skipped = plot_curves(runs, out, args.mode or "fast", args.split, args.x, args.group)
         for reason in skipped:
             print(f"skipped {reason}")
         print(f"wrote {out} ({drawn} learning curves)")
@@ -408,9 +483,13 @@ def main(argv=None) -> list[Fit]:
         points = best_per_class(points)
     fits = fit_projects(points)
     dataset, _, hardware, evaluation = points[0].labels
+    capped = capped_note(points, args.mode)
     plot_scaling(points, fits, out, f"normalised perplexity, {evaluation}\n"
-                                    f"dataset {dataset}, reference hardware {hardware}")
+                                    f"dataset {dataset}, reference hardware {hardware}"
+                                    + (f"\nWarning: {capped}" if capped else ""))
     print(f"dataset {dataset}; reference hardware {hardware}; {evaluation}")
+    if capped:
+        print(f"warning: {capped}")
     print(format_fits(fits) if fits else "no fit: a fit needs runs of two compute classes or more per project")
     for fit in (f for f in fits if f.rising):
         print(f"warning: {fit.project} over {fit.axis}: slope {fit.slope:+.4f}, {RISING}")

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from languini import aux_loss, checkpoint
 from languini.books import BooksDataset, Stream, window_plan
+from languini.flags import Parser
 
 BUCKETS = 8  # rows of the table: context lengths in eighths of seq_len
 
@@ -92,7 +93,7 @@ def report(fast: torch.Tensor, slow: torch.Tensor, seq_len: int) -> str:
 
 
 def main(argv=None) -> tuple[torch.Tensor, torch.Tensor]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", help="a run folder with results.json and checkpoint.pt")
     parser.add_argument("--split", default="valid")
     parser.add_argument("--max_tokens", type=int, default=None, help="only the first N tokens of the split")

@@ -14,7 +14,6 @@ allocator's peak above the inputs (GPU only). Timed with CUDA events on a GPU, a
     python projects/compressive/bench_attention_memory.py --batch_size 1 --memories 0 128 \\
         --repeats 2 --warmup 1                                      # CPU smoke
 """
-import argparse
 import dataclasses
 import sys
 
@@ -22,6 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from languini.flags import Parser
 from languini.timing import time_calls
 from projects.compressive import configs
 from projects.compressive.model import RelativeAttention
@@ -118,7 +118,7 @@ def rows(args, device: torch.device):
 
 def main(argv=None) -> None:
     small = configs.get("small")
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--d_model", type=int, default=small.d_model)
     parser.add_argument("--n_heads", type=int, default=small.n_heads)
     parser.add_argument("--d_head", type=int, default=small.d_head)

@@ -3,25 +3,29 @@ with the thesis's PG-19 recipe scaled down (Rae, thesis chapter 6.5.1: segment 5
 512, compression rate 2; the Transformer-XL baseline attends over 1024 memories at equal attention cost)."""
 from dataclasses import dataclass, replace
 
+from languini.flags import arg
+
 
 @dataclass
 class ModelConfig:
-    vocab_size: int = 16384
-    seq_len: int = 512  # n_s: tokens per segment (one forward)
-    mem_len: int = 512  # n_m: past layer inputs each layer keeps (the Transformer-XL memory)
-    cmem_len: int = 512  # n_cm: compressed memories each layer keeps; 0 is a plain Transformer-XL
-    compression_rate: int = 2  # c: kernel and stride of f_c
-    # f_c (thesis 6.3.2): conv, a 1-D convolution trained by the attention-reconstruction loss (the thesis's best,
-    # Table 6.8); max or mean, pooling without parameters (the reconstruction loss is then only reported)
-    compression: str = "conv"
-    # the attention over [compressed; memory; segment] (ops/rel_attention): auto, the Triton kernel on GPU and the
-    # reference on CPU; naive, the reference (materialises (T, S) scores); triton; flex, FlexAttention (no CPU backward)
-    attention_impl: str = "auto"
-    d_model: int = 768
-    n_layers: int = 12
-    n_heads: int = 12
-    d_head: int = 64
-    mlp_ratio: int = 4
+    vocab_size: int = arg(16384, "tokens of the vocabulary (set to the dataset's unless given)")
+    seq_len: int = arg(512, "n_s: tokens per segment (one forward)")
+    mem_len: int = arg(512, "n_m: past layer inputs each layer keeps (the Transformer-XL memory)")
+    cmem_len: int = arg(512, "n_cm: compressed memories each layer keeps; 0 is a plain Transformer-XL")
+    compression_rate: int = arg(2, "c: kernel and stride of f_c")
+    compression: str = arg("conv", "f_c (thesis 6.3.2): conv, a 1-D convolution trained by the attention-"
+                                   "reconstruction loss (the thesis's best, Table 6.8); max or mean, pooling without "
+                                   "parameters (the reconstruction loss is then only reported)",
+                           choices=("conv", "max", "mean"))
+    attention_impl: str = arg("auto", "the attention over [compressed; memory; segment] (ops/rel_attention): auto, "
+                                      "the Triton kernel on GPU and the reference on CPU; naive, the reference "
+                                      "(materialises (T, S) scores); triton; flex, FlexAttention (no CPU backward)",
+                              choices=("auto", "naive", "triton", "flex"))
+    d_model: int = arg(768, "width of the residual stream")
+    n_layers: int = arg(12, "transformer blocks")
+    n_heads: int = arg(12, "attention heads")
+    d_head: int = arg(64, "width of each head")
+    mlp_ratio: int = arg(4, "MLP hidden width over d_model")
 
 
 def _txl(cfg: ModelConfig) -> ModelConfig:

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from languini.flags import Parser
 from projects.compressive import configs
 from projects.compressive.model import Model
 
@@ -267,7 +268,7 @@ def describe(task: RecallTask) -> None:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     size = parser.add_argument_group("task and memory sizes")
     size.add_argument("--seq_len", type=int, default=16, help="segment length T (default 16)")
     size.add_argument("--mem_len", type=int, default=16, help="n_m of the Compressive Transformer (default 16)")

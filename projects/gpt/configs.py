@@ -1,19 +1,22 @@
 """GPT sizes (Languini paper, Table 4) and the best run of each compute class (Table 6)."""
 from dataclasses import dataclass, replace
 
+from languini.flags import arg
+
 
 @dataclass
 class ModelConfig:
-    vocab_size: int = 16384
-    seq_len: int = 512  # length of the learned position table
-    d_model: int = 768
-    n_layers: int = 12
-    n_heads: int = 12
-    d_head: int = 64  # attention width is n_heads * d_head, which differs from d_model for mini
-    mlp_ratio: int = 4
-    # math: an explicit masked softmax, as the official Languini code (whose use_flash is off: the paper saw
-    # gradient spikes with flash attention on its RTX 3090); sdpa: F.scaled_dot_product_attention (flash kernels)
-    attention: str = "math"
+    vocab_size: int = arg(16384, "tokens of the vocabulary (set to the dataset's unless given)")
+    seq_len: int = arg(512, "tokens per sequence, the length of the learned position table")
+    d_model: int = arg(768, "width of the residual stream")
+    n_layers: int = arg(12, "transformer blocks")
+    n_heads: int = arg(12, "attention heads")
+    d_head: int = arg(64, "width of each head; attention width is n_heads * d_head, which differs from d_model for "
+                          "mini")
+    mlp_ratio: int = arg(4, "MLP hidden width over d_model")
+    attention: str = arg("math", "math: an explicit masked softmax, as the official Languini code (whose use_flash is off: "
+                                 "the paper saw gradient spikes with flash attention on its RTX 3090); sdpa: "
+                                 "F.scaled_dot_product_attention (flash kernels)", choices=("math", "sdpa"))
 
 
 SIZES = {

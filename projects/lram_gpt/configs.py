@@ -7,33 +7,38 @@ from the size (lattice.torus_for_memory_size).
 """
 from dataclasses import dataclass, replace
 
+from languini.flags import arg
+
 DEFAULT_MEMORY_SIZE = 2 ** 20
 MEMORY_EXPONENTS = range(16, 27)  # the issue's 2^16 .. 2^24 and beyond; the paper's largest is 2^22
 
 
 @dataclass
 class ModelConfig:
-    vocab_size: int = 16384
-    seq_len: int = 512  # length of the learned position table
-    d_model: int = 768  # a multiple of 16: the memory reads one head per 16 features
-    n_layers: int = 12
-    n_heads: int = 12
-    d_head: int = 64  # attention width is n_heads * d_head, which differs from d_model for mini
-    mlp_ratio: int = 4
-    # math: an explicit masked softmax, as the official Languini code (whose use_flash is off: the paper saw
-    # gradient spikes with flash attention on its RTX 3090); sdpa: F.scaled_dot_product_attention (flash kernels)
-    attention: str = "math"
-    # Index (from 0) of the block whose MLP the memory replaces; None: (2 * n_layers - 1) // 3, the last
-    # block of the first two thirds, which is the LRAM paper's 4th of 6 layers.
-    memory_layer: int | None = None
-    memory_size: int = DEFAULT_MEMORY_SIZE  # memory locations N, a power of two >= 256
-    memory_value_dim: int = 64  # m, values per location; the paper's 64 gives the 4w read of section 3.1
-    memory_topk: int = 32  # lattice points read per head (paper 2.6)
-    memory_query_norm: str = "layer"  # layer (causal), batch (the paper's; not causal) or none
-    memory_value_grad: str = "atomic"  # Triton value-gradient reduction: atomic or segment
-    sparse_values: bool = False  # value gradient as sparse rows, for a lazy (SparseAdam) optimiser group
-    memory_value_dtype: str = "float32"  # the value table: float32 or bfloat16 (half the bytes per lookup)
-    value_lr_multiplier: float = 10.0  # the value table's learning rate over the rest's (LRAM paper 3.2)
+    vocab_size: int = arg(16384, "tokens of the vocabulary (set to the dataset's unless given)")
+    seq_len: int = arg(512, "tokens per sequence, the length of the learned position table")
+    d_model: int = arg(768, "width of the residual stream; a multiple of 16: the memory reads one head per 16 features")
+    n_layers: int = arg(12, "transformer blocks")
+    n_heads: int = arg(12, "attention heads")
+    d_head: int = arg(64, "width of each head; attention width is n_heads * d_head, which differs from d_model for "
+                          "mini")
+    mlp_ratio: int = arg(4, "MLP hidden width over d_model")
+    attention: str = arg("math", "math: an explicit masked softmax, as the official Languini code (whose use_flash is off: "
+                                 "the paper saw gradient spikes with flash attention on its RTX 3090); sdpa: "
+                                 "F.scaled_dot_product_attention (flash kernels)", choices=("math", "sdpa"))
+    memory_layer: int | None = arg(None, "index (from 0) of the block whose MLP the memory replaces; none: "
+                                         "(2 * n_layers - 1) // 3, the last block of the first two thirds, which is "
+                                         "the LRAM paper's 4th of 6 layers")
+    memory_size: int = arg(DEFAULT_MEMORY_SIZE, "memory locations N, a power of two >= 256")
+    memory_value_dim: int = arg(64, "m, values per location; the paper's 64 gives the 4w read of section 3.1")
+    memory_topk: int = arg(32, "lattice points read per head (paper 2.6)")
+    memory_query_norm: str = arg("layer", "layer (causal), batch (the paper's; not causal) or none",
+                                 choices=("layer", "batch", "none"))
+    memory_value_grad: str = arg("atomic", "the Triton value-gradient reduction", choices=("atomic", "segment"))
+    sparse_values: bool = arg(False, "the value gradient as sparse rows, for a lazy (SparseAdam) optimiser group")
+    memory_value_dtype: str = arg("float32", "the value table's dtype (bfloat16: half the bytes per lookup)",
+                                  choices=("float32", "bfloat16"))
+    value_lr_multiplier: float = arg(10.0, "the value table's learning rate over the rest's (LRAM paper 3.2)")
 
 
 _GPT_SIZES = {

@@ -6,32 +6,38 @@ N = 512^2) instead.
 """
 from dataclasses import dataclass, replace
 
+from languini.flags import arg
 from projects.pkm_gpt.pkm import LRAM_PAPER_PKM, XLM_PKM
 
 
 @dataclass
 class ModelConfig:
-    vocab_size: int = 16384
-    seq_len: int = 512  # length of the learned position table
-    d_model: int = 768
-    n_layers: int = 12
-    n_heads: int = 12
-    d_head: int = 64  # attention width is n_heads * d_head, which differs from d_model for mini
-    mlp_ratio: int = 4
-    # math: an explicit masked softmax, as the official Languini code (whose use_flash is off: the paper saw
-    # gradient spikes with flash attention on its RTX 3090); sdpa: F.scaled_dot_product_attention (flash kernels)
-    attention: str = "math"
-    # Index (from 0) of the block whose MLP the memory replaces; None: (2 * n_layers - 1) // 3, the last
-    # block of the first two thirds, which is the LRAM paper's 4th of 6 layers.
-    memory_layer: int | None = None
-    pkm_heads: int = LRAM_PAPER_PKM.heads
-    pkm_k_dim: int = LRAM_PAPER_PKM.k_dim
-    pkm_n_keys: int = LRAM_PAPER_PKM.n_keys  # the memory has pkm_n_keys ** 2 values of width d_model
-    pkm_knn: int = LRAM_PAPER_PKM.knn
-    memory_query_norm: str = LRAM_PAPER_PKM.query_norm  # layer (causal), batch (not causal) or none
-    memory_value_grad: str = LRAM_PAPER_PKM.value_grad  # Triton value-gradient reduction: atomic or segment
-    value_lr_multiplier: float = 10.0  # the value table's learning rate over the rest's (LRAM paper: 10x)
-    sparse_values: bool = False  # value gradient as sparse rows read, for a lazy (SparseAdam) optimiser group
+    vocab_size: int = arg(16384, "tokens of the vocabulary (set to the dataset's unless given)")
+    seq_len: int = arg(512, "tokens per sequence, the length of the learned position table")
+    d_model: int = arg(768, "width of the residual stream")
+    n_layers: int = arg(12, "transformer blocks")
+    n_heads: int = arg(12, "attention heads")
+    d_head: int = arg(64, "width of each head; attention width is n_heads * d_head, which differs from d_model for "
+                          "mini")
+    mlp_ratio: int = arg(4, "MLP hidden width over d_model")
+    attention: str = arg("math", "math: an explicit masked softmax, as the official Languini code (whose use_flash is off: "
+                                 "the paper saw gradient spikes with flash attention on its RTX 3090); sdpa: "
+                                 "F.scaled_dot_product_attention (flash kernels)", choices=("math", "sdpa"))
+    memory_layer: int | None = arg(None, "index (from 0) of the block whose MLP the memory replaces; none: "
+                                         "(2 * n_layers - 1) // 3, the last block of the first two thirds, which is "
+                                         "the LRAM paper's 4th of 6 layers")
+    pkm_heads: int = arg(LRAM_PAPER_PKM.heads, "memory heads (queries per token)")
+    pkm_k_dim: int = arg(LRAM_PAPER_PKM.k_dim, "width of a query, split in two halves for the product keys")
+    pkm_n_keys: int = arg(LRAM_PAPER_PKM.n_keys, "sub-keys per half: the memory has pkm_n_keys ** 2 values of "
+                                                 "width d_model")
+    pkm_knn: int = arg(LRAM_PAPER_PKM.knn, "values read per head (top-k of the product keys)")
+    memory_query_norm: str = arg(LRAM_PAPER_PKM.query_norm, "layer (causal), batch (not causal) or none",
+                                 choices=("layer", "batch", "none"))
+    memory_value_grad: str = arg(LRAM_PAPER_PKM.value_grad, "the Triton value-gradient reduction",
+                                 choices=("atomic", "segment"))
+    value_lr_multiplier: float = arg(10.0, "the value table's learning rate over the rest's (LRAM paper: 10x)")
+    sparse_values: bool = arg(False, "the value gradient as sparse rows read, for a lazy (SparseAdam) optimiser "
+                                     "group")
 
 
 _XLM = dict(pkm_heads=XLM_PKM.heads, pkm_k_dim=XLM_PKM.k_dim, pkm_n_keys=XLM_PKM.n_keys, pkm_knn=XLM_PKM.knn)

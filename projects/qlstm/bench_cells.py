@@ -14,13 +14,12 @@ Triton scan. Timed by languini.timing: the median step, CUDA events on a GPU, a 
 import argparse
 
 import torch
-
 from torch import nn
 
-from languini.flags import add_bool_flag
+from languini.flags import Parser, add_bool_flag
 from languini.timing import time_calls
-from languini.triton_utils import interpreting
 from languini.trainer import detach
+from languini.triton_utils import interpreting
 from projects.qlstm.configs import ModelConfig
 from projects.qlstm.model import make_cell
 
@@ -93,7 +92,7 @@ def run_row(row, args, device, autocast_dtype):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--d_model", type=int, default=768)
     parser.add_argument("--n_layers", type=int, default=12)
     parser.add_argument("--batch", type=int, default=16)

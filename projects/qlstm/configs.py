@@ -1,21 +1,25 @@
 """Quasi-LSTM sizes (Languini paper, Table 8) and the best run of each compute class (Table 10)."""
 from dataclasses import dataclass, replace
 
+from languini.flags import arg
+
 CELLS = ("qlstm", "lstm")
 
 
 @dataclass
 class ModelConfig:
-    vocab_size: int = 16384
-    seq_len: int = 512  # training sequence length (backpropagation span); there is no position table
-    d_model: int = 768
-    n_layers: int = 12
-    n_heads: int = 12
-    d_head: int = 64  # recurrent width is n_heads * d_head
-    mlp_ratio: int = 4
-    cell: str = "qlstm"  # "qlstm" (eq. 18-24) or the classic multi-head "lstm" (eq. 11-17), for Table 7
-    impl: str | None = None  # qLSTM recurrence: loop, block or triton; None: triton on CUDA, block on CPU
-    block_len: int = 16  # steps per block of the block-parallel recurrence (eq. 34)
+    vocab_size: int = arg(16384, "tokens of the vocabulary (set to the dataset's unless given)")
+    seq_len: int = arg(512, "training sequence length (backpropagation span); there is no position table")
+    d_model: int = arg(768, "width of the residual stream")
+    n_layers: int = arg(12, "recurrent blocks")
+    n_heads: int = arg(12, "recurrent heads")
+    d_head: int = arg(64, "width of each head; the recurrent width is n_heads * d_head")
+    mlp_ratio: int = arg(4, "MLP hidden width over d_model")
+    cell: str = arg("qlstm", "qlstm (eq. 18-24) or the classic multi-head lstm (eq. 11-17), for Table 7",
+                    choices=("qlstm", "lstm"))
+    impl: str | None = arg(None, "the qLSTM recurrence: loop, block or triton; none: triton on CUDA, block on CPU",
+                           choices=("loop", "block", "triton"))
+    block_len: int = arg(16, "steps per block of the block-parallel recurrence (eq. 34)")
 
 
 SIZES = {

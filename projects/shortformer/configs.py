@@ -3,22 +3,24 @@ cache (Press et al., "Shortformer", as in the slides "LM again?", 003_*.txt), an
 of the slides as named schedules (`--stages best_perplexity`)."""
 from dataclasses import dataclass, replace
 
+from languini.flags import arg
+
 
 @dataclass
 class ModelConfig:
-    vocab_size: int = 16384
-    seq_len: int = 512  # segment length: tokens per forward (the final stage's when training is staged)
-    # previous-segment tokens each layer attends to (the slides' best: equal to the segment, 512); 0: PIA only,
-    # no cache (then the model is stateless and its slow evaluation slides a window)
-    cache_len: int = 512
-    d_model: int = 768
-    n_layers: int = 12
-    n_heads: int = 12
-    d_head: int = 64
-    mlp_ratio: int = 4
-    # math: an explicit masked softmax, as the GPT's default; sdpa: F.scaled_dot_product_attention with the
-    # same explicit mask (the cache makes the causal mask lower-right aligned, which is_causal is not)
-    attention: str = "math"
+    vocab_size: int = arg(16384, "tokens of the vocabulary (set to the dataset's unless given)")
+    seq_len: int = arg(512, "segment length: tokens per forward (the final stage's when training is staged)")
+    cache_len: int = arg(512, "previous-segment tokens each layer attends to (the slides' best: equal to the "
+                              "segment, 512); 0: PIA only, no cache (then the model is stateless and its slow "
+                              "evaluation slides a window)")
+    d_model: int = arg(768, "width of the residual stream")
+    n_layers: int = arg(12, "transformer blocks")
+    n_heads: int = arg(12, "attention heads")
+    d_head: int = arg(64, "width of each head")
+    mlp_ratio: int = arg(4, "MLP hidden width over d_model")
+    attention: str = arg("math", "math: an explicit masked softmax, as the GPT's default; sdpa: "
+                                 "F.scaled_dot_product_attention with the same explicit mask (the cache makes the "
+                                 "causal mask lower-right aligned, which is_causal is not)", choices=("math", "sdpa"))
 
 
 SIZES = {

@@ -9,11 +9,11 @@ its run: a demonstration of the protocol at toy size (the 'cpu' configs), not ev
 numbers, and a loaded machine shifts every throughput. The GPT's slow evaluation slides a window (it cannot use a
 cache); the Shortformer's reads each split once in segments with the cache (the slides' non-overlapping mode).
 """
-import argparse
 import importlib
 import time
 
 from languini.experiment import main
+from languini.flags import Parser
 
 RUNS = (  # label, project, extra flags
     ("GPT", "gpt", []),
@@ -31,7 +31,7 @@ def train(project: str, flags: list[str]) -> tuple[dict, float]:
 
 
 def main_cli(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--compute_class", default="2m", help="the budget of every run (default 2m: minutes on CPU)")
     parser.add_argument("--out_dir", default="runs/shortformer_demo", help="where the three run folders go")
     parser.add_argument("--split", default="test", help="held-out split the table reports (default test)")

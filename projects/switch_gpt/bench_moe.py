@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from languini.flags import Parser
 from projects.switch_gpt import configs
 from projects.switch_gpt.model import MLP, SwitchMLP
 
@@ -46,7 +47,7 @@ def time_steps(module, x, steps: int, warmup: int) -> float:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--d_model", type=int, default=768)
     parser.add_argument("--tokens", type=int, default=16 * 512, help="tokens per step (batch x sequence length)")
     parser.add_argument("--experts", type=str, default="8,32,64", help="comma-separated numbers of experts")

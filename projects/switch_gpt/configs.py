@@ -5,6 +5,8 @@ smoke-test size. `python -m projects.switch_gpt.model` prints every config's par
 """
 from dataclasses import dataclass, replace
 
+from languini.flags import arg
+
 MOE_LAYERS = ("every_other", "every")  # or a block index (from 0) as a string: one MoE block, as memory layers
 ROUTING = ("top1", "top2")
 EXPERTS_IMPL = ("auto", "naive", "triton")
@@ -12,24 +14,27 @@ EXPERTS_IMPL = ("auto", "naive", "triton")
 
 @dataclass
 class ModelConfig:
-    vocab_size: int = 16384
-    seq_len: int = 512  # length of the learned position table
-    d_model: int = 768
-    n_layers: int = 12
-    n_heads: int = 12
-    d_head: int = 64  # attention width is n_heads * d_head, which differs from d_model for mini
-    mlp_ratio: int = 4  # each expert is a GPT MLP: d_model -> mlp_ratio * d_model -> d_model
-    # math: an explicit masked softmax, as the official Languini code; sdpa: F.scaled_dot_product_attention
-    attention: str = "math"
-    n_experts: int = 8
-    # every_other: blocks 1, 3, 5, ... (Switch, GShard); every: all blocks; "I": block I only
-    moe_layers: str = "every_other"
-    routing: str = "top1"  # top1 (Switch) or top2 (GShard: gates renormalised over the two)
-    capacity_factor: float = 1.25  # training only: capacity = capacity_factor x k x tokens / E per expert
-    load_balance_coef: float = 0.01  # alpha of the load-balancing loss alpha x E x sum_i f_i P_i
-    router_z_coef: float = 0.0  # router z-loss mean(logsumexp(logits)^2) coefficient (ST-MoE: 1e-3); 0: off
-    init_scale: float = 0.1  # Switch's s: router and expert weights ~ truncated normal, std sqrt(s / fan_in)
-    experts_impl: str = "auto"  # auto: the Triton kernel on GPU, the per-expert loop on CPU; naive; triton
+    vocab_size: int = arg(16384, "tokens of the vocabulary (set to the dataset's unless given)")
+    seq_len: int = arg(512, "tokens per sequence, the length of the learned position table")
+    d_model: int = arg(768, "width of the residual stream")
+    n_layers: int = arg(12, "transformer blocks")
+    n_heads: int = arg(12, "attention heads")
+    d_head: int = arg(64, "width of each head; attention width is n_heads * d_head, which differs from d_model for "
+                          "mini")
+    mlp_ratio: int = arg(4, "each expert is a GPT MLP: d_model -> mlp_ratio * d_model -> d_model")
+    attention: str = arg("math", "math: an explicit masked softmax, as the official Languini code; sdpa: "
+                                 "F.scaled_dot_product_attention", choices=("math", "sdpa"))
+    n_experts: int = arg(8, "experts per MoE layer")
+    moe_layers: str = arg("every_other", "which blocks' MLPs are MoE layers: every_other (blocks 1, 3, 5, ...: "
+                                         "Switch, GShard), every (all blocks), or a block index I")
+    routing: str = arg("top1", "top1 (Switch) or top2 (GShard: gates renormalised over the two)",
+                       choices=("top1", "top2"))
+    capacity_factor: float = arg(1.25, "training only: capacity = capacity_factor x k x tokens / E per expert")
+    load_balance_coef: float = arg(0.01, "alpha of the load-balancing loss alpha x E x sum_i f_i P_i")
+    router_z_coef: float = arg(0.0, "router z-loss mean(logsumexp(logits)^2) coefficient (ST-MoE: 1e-3); 0: off")
+    init_scale: float = arg(0.1, "Switch's s: router and expert weights ~ truncated normal, std sqrt(s / fan_in)")
+    experts_impl: str = arg("auto", "auto: the Triton kernel on GPU, the per-expert loop on CPU",
+                            choices=("auto", "naive", "triton"))
 
 
 _GPT_SIZES = {

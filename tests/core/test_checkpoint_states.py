@@ -9,6 +9,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from languini import checkpoint, model_contract
 from languini.experiment import main
+from languini.stop import EXIT_UNFINISHED
 from languini.trainer import Trainer
 from projects.compressive import configs
 from projects.compressive.model import Model
@@ -112,7 +113,8 @@ def test_compressive_memories_resume_rounded_to_bf16(default_corpus_root, tmp_pa
 
     split = tmp_path / "split" / "r"
     args = common + ["--out_dir", str(tmp_path / "split")]
-    main("compressive", configs, BF16StateModel, args + ["--stop_at_step", "2"])
+    with pytest.raises(SystemExit, match=str(EXIT_UNFINISHED)):
+        main("compressive", configs, BF16StateModel, args + ["--stop_at_step", "2"])
     saved = torch.load(split / "checkpoint.pt", weights_only=False)
     assert saved["step"] == 2
     fp32_memories, bf16_memories = floating_leaves(before["states"]), floating_leaves(saved["states"])
@@ -143,6 +145,7 @@ def test_compressive_without_the_attribute_resumes_bit_exactly(default_corpus_ro
     common = TINY + ["--data_root", str(default_corpus_root), "--eval_every", "2"]
     main("compressive", configs, ExactStateModel, common + ["--out_dir", str(tmp_path / "whole")])
     split = common + ["--out_dir", str(tmp_path / "split")]
-    main("compressive", configs, ExactStateModel, split + ["--stop_at_step", "3"])
+    with pytest.raises(SystemExit, match=str(EXIT_UNFINISHED)):
+        main("compressive", configs, ExactStateModel, split + ["--stop_at_step", "3"])
     main("compressive", configs, ExactStateModel, split + ["--resume", "true"])
     assert losses(tmp_path / "split" / "r") == losses(tmp_path / "whole" / "r")

@@ -103,7 +103,8 @@ def test_slow_protocols_score_the_targets_they_promise(data, protocol, last_n, s
                    decode=one_char_per_token, slow_protocol=protocol, slow_last_n=last_n)
     result = ev.slow(Uniform(), data.books("test"), stateful=False)
     assert (result.tokens, result.bytes, result.chars) == (scored, scored, scored)
-    assert ev.slow_protocol_for(stateful=False) == {"protocol": protocol, "window": 4, "last_n": last_n or 1}
+    assert ev.slow_protocol_for(stateful=False) == {"protocol": protocol, "window": 4, "last_n": last_n or 1,
+                                                    "max_windows": None}
 
 
 class NextTokens(torch.nn.Module):

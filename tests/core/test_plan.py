@@ -52,7 +52,7 @@ def test_format_plan_is_aligned_and_complete():
     lines = text.splitlines()
     value_column = {len(line) - len(line[len(line.split("  ")[0]):].lstrip()) for line in lines}
     assert len(value_column) == 1, text
-    for expected in ("RTX 3090", "55,416 tokens/s", "36,529", "4,787,929,088", "24.000", "3.075 exaFLOPs",
+    for expected in ("RTX 3090", "55,416 tokens/s", "36,529", "4,787,929,088", "24.000", "3.075e+18 (3.07 exaFLOPs",
                      "measure_throughput.py gpt small --sweep"):
         assert expected in text, text
 
@@ -124,7 +124,8 @@ def test_max_steps_plan_charges_each_stage_at_its_own_row(tmp_path, monkeypatch)
     # 14 steps of batch 4, a quarter of the tokens at 8: steps in proportion to 0.25/8 : 0.75/32 = 4 : 3, so 8 and
     # 6; 8 x 4 x 8 tokens at 640 tokens/s (0.4 s) and 6 x 4 x 32 at 1,280 (0.6 s).
     model, cfg, _ = tiny_gpt_with_stage_rows(tmp_path, monkeypatch, {8: 640.0, 32: 1280.0})
-    tcfg = TrainConfig(max_steps=14, batch_size=4, stages="8:0.25,32", reference_hardware="cpu")
+    tcfg = TrainConfig(max_steps=14, batch_size=4, stages="8:0.25,32", stage_batch="sequences",
+                       reference_hardware="cpu")
     plan = plan_of(model, cfg, tcfg, tmp_path)
     assert [(s.seq_len, s.steps, s.tokens_per_second) for s in plan.stages] == [(8, 8, 640.0), (32, 6, 1280.0)]
     assert (plan.steps, plan.tokens, plan.tokens_per_second) == (14, 1024, 1280.0)
@@ -136,7 +137,8 @@ def test_max_steps_plan_charges_each_stage_at_its_own_row(tmp_path, monkeypatch)
 def test_a_resumed_run_keeps_the_plan_it_started_with(tmp_path, monkeypatch):
     # 1 s: N/4/640 + 3N/4/1280 = 1 gives N = 1,024 tokens, 8 + 6 steps; with rows twice as fast, 2,048: 16 + 12.
     model, cfg, registry = tiny_gpt_with_stage_rows(tmp_path, monkeypatch, {8: 640.0, 32: 1280.0})
-    tcfg = TrainConfig(compute_class="1s", batch_size=4, stages="8:0.25,32", reference_hardware="cpu")
+    tcfg = TrainConfig(compute_class="1s", batch_size=4, stages="8:0.25,32", stage_batch="sequences",
+                       reference_hardware="cpu")
     started = plan_of(model, cfg, tcfg, tmp_path)
     assert [s.steps for s in started.stages] == [8, 6] and started.tokens == 1024
     (tmp_path / "config.json").write_text(json.dumps(started.record()))
@@ -148,3 +150,47 @@ def test_a_resumed_run_keeps_the_plan_it_started_with(tmp_path, monkeypatch):
     kept = planning.resumed(now, tmp_path, print)
     assert (kept.steps, kept.tokens, kept.schedule()) == (14, 1024, started.schedule())
     assert kept.throughput_row == started.throughput_row and kept.accelerator_seconds == pytest.approx(1.0)
+    # in tokens (the default) the same second buys the same 1,024 tokens in 2 steps of 16 x 8 and 6 of 4 x 32, and
+    # a resumed run keeps its rows per stream too
+    tokens = dataclasses.replace(tcfg, stage_batch="tokens")
+    (tmp_path / "rows").mkdir()
+    first = plan_of(model, cfg, tokens, tmp_path / "rows")
+    (tmp_path / "rows" / "config.json").write_text(json.dumps(first.record()))
+    assert planning.resumed(plan_of(model, cfg, tokens, tmp_path / "rows"), tmp_path / "rows", print).schedule() \
+        == first.schedule()
+
+
+def test_plan_units_show_the_number():
+    """Issue 26: a 2-minute class printed '0.000B' tokens and '0.000 exaFLOPs'."""
+    assert planning._scaled(79_872, planning.TOKEN_UNITS) == "79.9K"
+    assert planning._scaled(1_197_015_040, planning.TOKEN_UNITS) == "1.2B"
+    assert planning._scaled(3.467e11, planning.FLOP_UNITS) == "347 GFLOPs"
+    assert planning._scaled(7.689e17, planning.FLOP_UNITS) == "769 petaFLOPs"
+    assert planning._scaled(512, planning.TOKEN_UNITS) == "512"
+
+
+def test_evaluation_is_sized_to_a_fraction_of_the_training_time(default_corpus_root, tmp_path, monkeypatch):
+    """On the CPU path a short class cannot spend longer evaluating than training: the caps come down until the
+    plan's evaluation fits in a quarter of its training time (by the plan's own estimate)."""
+    from languini.books import BooksDataset
+    model, cfg, _ = tiny_gpt_with_stage_rows(tmp_path, monkeypatch, {32: 1280.0})
+    dataset = BooksDataset(default_corpus_root, 2048)
+    tcfg = TrainConfig(compute_class="10s", batch_size=4, reference_hardware="cpu", eval_batch_size=4)
+
+    def plan(cpu_path, **over):
+        return planning.plan_run(model, None, cfg, dataclasses.replace(tcfg, **over), torch.device("cpu"), 1, None,
+                                 dataset, False, cpu_path, str(tmp_path), print)
+
+    full = plan(cpu_path=False)  # a GPU-style run: the protocol's evaluation, whatever it costs
+    assert full.eval_caps is None
+    full_seconds = full.expected_eval_seconds(full.evaluation.during_training + full.evaluation.final)
+    assert full_seconds > 0.25 * full.expected_wall_seconds  # the default corpus at 1,280 tokens/s: too much
+    sized = plan(cpu_path=True)
+    work = sized.evaluation
+    assert sized.expected_eval_seconds(work.during_training + work.final) <= 0.25 * sized.expected_wall_seconds
+    caps = sized.eval_caps
+    assert caps.fraction == 0.25 and caps.eval_max_batches < 500 and caps.slow_eval_max_windows is not None
+    assert sized.training_config(tcfg).slow_eval_max_windows == caps.slow_eval_max_windows
+    assert "evaluation sized" in planning.format_plan(sized) and "--eval_budget" in planning.format_plan(sized)
+    assert plan(cpu_path=True, eval_budget=0.0).eval_caps is None  # 0: no limit
+    assert plan(cpu_path=False, eval_budget=0.25).eval_caps is not None  # asked for on a GPU too

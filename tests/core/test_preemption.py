@@ -97,12 +97,14 @@ def test_run_stopped_in_training_and_in_the_final_evaluation_reproduces_the_whol
     assert checkpoint_step(run / "checkpoint.pt") == 5 and checkpoint_step(run / "checkpoint_previous.pt") == 4
     assert not (run / "results.json").exists()
 
-    # the final evaluation's forwards: 3 for ood_series (fast 2, slow 1; then its rows are written), then test
-    stopped = train("gpt", args, SIGNAL="SIGUSR1", SIGNAL_AT="eval:4")
+    # evaluation forwards of this job: 2 for the last step's evaluation during training (valid), then the final
+    # evaluation's: 3 for ood_series (fast 2, slow 1; then its rows are written), then test
+    stopped = train("gpt", args, SIGNAL="SIGUSR1", SIGNAL_AT="eval:6")
     assert stopped.returncode == EXIT_UNFINISHED, stopped.stderr
     assert "SIGUSR1 before the final evaluation was done" in stopped.stdout
     assert checkpoint_step(run / "checkpoint.pt") == 8
-    assert [r["split"] for r in log_rows(run) if r["event"] == "eval"] == ["valid", "ood_series", "ood_series"]
+    assert [r["split"] for r in log_rows(run) if r["event"] == "eval"] == ["valid", "valid", "ood_series",
+                                                                           "ood_series"]
 
     continued = train("gpt", args)
     assert continued.returncode == 0, continued.stderr
@@ -114,7 +116,7 @@ def test_run_stopped_in_training_and_in_the_final_evaluation_reproduces_the_whol
 def test_unreadable_latest_checkpoint_falls_back_to_the_previous_one(default_corpus_root, tmp_path, whole_run):
     args = TINY + STEPS + ["--data_root", str(default_corpus_root), "--out_dir", str(tmp_path),
                            "--checkpoint_every", "2"]
-    assert train("gpt", args + ["--stop_at_step", "6"]).returncode == 0
+    assert train("gpt", args + ["--stop_at_step", "6"]).returncode == EXIT_UNFINISHED
     run = tmp_path / "r"
     latest = run / "checkpoint.pt"
     latest.write_bytes(latest.read_bytes()[:latest.stat().st_size // 2])  # a disk that filled up
@@ -178,7 +180,8 @@ def test_continue_command_is_the_same_one_with_resume_auto():
 def test_no_readable_checkpoint_is_one_error_and_changes_nothing(default_corpus_root, tmp_path):
     args = TINY + ["--data_root", str(default_corpus_root), "--out_dir", str(tmp_path), "--max_steps", "4",
                    "--checkpoint_every", "1", "--stop_at_step", "2"]
-    assert main("gpt", configs, Model, args) is None
+    with pytest.raises(SystemExit, match=str(EXIT_UNFINISHED)):
+        main("gpt", configs, Model, args)
     run = tmp_path / "r"
     for name in ("checkpoint.pt", "checkpoint_previous.pt"):
         (run / name).write_bytes((run / name).read_bytes()[:100])
@@ -228,10 +231,12 @@ def test_finished_run_is_reported_not_repeated_and_replaced_only_when_asked(defa
     assert [r["step"] for r in log_rows(tmp_path / "r") if r["event"] == "train"] == [1, 2]
 
 
-def test_resume_flag_is_checked(default_corpus_root, tmp_path):
-    with pytest.raises(SystemExit, match="--resume must be true, false or auto, not 'sometimes'"):
+@pytest.mark.parametrize("value", ["sometimes", "yes", "1"])
+def test_resume_flag_is_checked_before_anything_else(default_corpus_root, tmp_path, capsys, value):
+    with pytest.raises(SystemExit, match="2"):  # argparse's exit code, before the data, the plan or a dry run
         main("gpt", configs, Model, TINY + ["--data_root", str(default_corpus_root), "--out_dir", str(tmp_path),
-                                            "--max_steps", "2", "--resume", "sometimes"])
+                                            "--max_steps", "2", "--dry_run", "--resume", value])
+    assert f"argument --resume: expected one of true, false, auto, got '{value}'" in capsys.readouterr().err
 
 
 def test_truncated_evaluation_file_fails_before_any_training_step(default_corpus_root, tmp_path):

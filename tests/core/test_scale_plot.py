@@ -126,6 +126,71 @@ def test_learning_curves_without_accelerator_seconds_are_said_and_drawn_over_tok
     assert out.read_bytes().startswith(PNG_MAGIC)
 
 
+def progress_run(root, name, points, final, **fields):
+    """A run whose log marks its evaluations during training (one subset of valid, the last step's included)
+    and holds its final evaluation of the whole split after them."""
+    run = write_run(root, name, "gpt", "1h", 1, 1e16, final, split="valid", mode="fast", **fields)
+    rows = [{"event": "eval", "step": i + 1, "tokens": 1000 * (i + 1), "accelerator_seconds": s, "split": "valid",
+             "mode": "fast", "normalised_perplexity": p, "max_batches": 2, "progress": True}
+            for i, (s, p) in enumerate(points)]
+    rows.append({"event": "eval", "step": len(points), "tokens": 1000 * len(points),
+                 "accelerator_seconds": points[-1][0], "split": "valid", "mode": "fast",
+                 "normalised_perplexity": final, "max_batches": 500})
+    (run / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+def test_learning_curves_draw_the_evaluations_during_training_not_the_final_one(scale_plot, tmp_path, monkeypatch):
+    """Issue 26: the final evaluation scores other (more) text; joined to the curve it drew a cliff."""
+    progress_run(tmp_path, "gpt_1h", [(60.0, 20.0), (600.0, 17.0), (3600.0, 16.7)], final=13.6, **BOOKS)
+    drawn = []
+    monkeypatch.setattr(scale_plot.plt.Axes, "plot", lambda self, *a, **k: drawn.append((a, k)) or [MagicLine()])
+    scale_plot.main([str(tmp_path), "--out", str(tmp_path / "c.png"), "--curves"])
+    [(xs, ys), _] = drawn[0]
+    assert list(xs) == [60.0, 600.0, 3600.0] and list(ys) == [20.0, 17.0, 16.7] and len(drawn) == 1
+
+
+def test_learning_curves_of_older_logs_draw_the_final_point_apart(scale_plot, tmp_path, monkeypatch):
+    write_run(tmp_path, "gpt_1h", "gpt", "1h", 1, 1e16, 2.5, mode="fast", curve=[(60.0, 4.0), (600.0, 3.0),
+                                                                                 (600.0, 2.0)])
+    drawn = []
+    monkeypatch.setattr(scale_plot.plt.Axes, "plot", lambda self, *a, **k: drawn.append((a, k)) or [MagicLine()])
+    scale_plot.main([str(tmp_path), "--out", str(tmp_path / "c.png"), "--curves"])
+    (line, _), (final, style) = drawn
+    assert list(line[1]) == [4.0, 3.0] and final == (600.0, 2.0) and style["fillstyle"] == "none"
+
+
+def test_learning_curves_of_other_datasets_are_not_drawn_together(scale_plot, tmp_path, capsys):
+    progress_run(tmp_path, "gpt_books", [(60.0, 4.0), (600.0, 3.0)], final=2.5, **BOOKS)
+    progress_run(tmp_path, "gpt_default", [(60.0, 9.0), (600.0, 8.0)], final=7.5,
+                 **{**BOOKS, "dataset_fingerprint": "ffffffffffff", "dataset_name": "default_corpus_books_2048"})
+    out = tmp_path / "c.png"
+    with pytest.raises(SystemExit, match="2 groups that cannot be drawn together; they differ in dataset"):
+        scale_plot.main([str(tmp_path), "--out", str(out), "--curves"])
+    scale_plot.main([str(tmp_path), "--out", str(out), "--curves", "--group", "2"])
+    assert "(1 learning curves)" in capsys.readouterr().out
+
+
+def test_an_output_folder_that_does_not_exist_is_one_error(scale_plot, tmp_path):
+    write_run(tmp_path, "gpt_1h", "gpt", "1h", 1, 1e16, 2.5)
+    with pytest.raises(SystemExit, match="the folder .*nonexistent.* does not exist"):
+        scale_plot.main([str(tmp_path), "--out", str(tmp_path / "nonexistent" / "x.png")])
+
+
+def test_capped_slow_evaluations_are_said_on_the_plot_and_in_the_output(scale_plot, tmp_path, capsys):
+    capped = {**BOOKS, "train_config": {"slow_eval_max_windows": 52}}
+    for hours, ppl in ((1, 3.0), (2, 2.8)):
+        write_run(tmp_path, f"gpt_{hours}h", "gpt", f"{hours}h", hours, 1e16 * hours, ppl, **capped)
+    scale_plot.main([str(tmp_path), "--out", str(tmp_path / "s.png")])
+    assert "warning: capped slow evaluation: the points score a sample of the split (slow eval on test, 10 " \
+           "tokens scored (at most 52 windows))" in capsys.readouterr().out
+
+
+class MagicLine:
+    def get_color(self):
+        return "black"
+
+
 def test_paths_without_runs_are_errors(scale_plot, tmp_path):
     with pytest.raises(SystemExit, match="no results.json"):
         scale_plot.main([str(tmp_path), "--out", str(tmp_path / "x.png")])

@@ -112,18 +112,60 @@ def test_two_stage_run_accounts_tokens_and_time_per_stage(default_corpus_root, t
     monkeypatch.setattr(throughput, "registry_path", lambda project: registry_with_stage_rows(tmp_path, {8: 640.0,
                                                                                                            32: 1280.0}))
     args = TINY + ["--data_root", str(default_corpus_root), "--compute_class", "1s", "--reference_hardware", "cpu",
-                   "--stages", "8:0.25,32", "--log_every", "1", "--out_dir", str(tmp_path), "--run_name", "r"]
+                   "--stages", "8:0.25,32", "--stage_batch", "sequences", "--log_every", "1", "--out_dir",
+                   str(tmp_path), "--run_name", "r"]
     assert main("gpt", configs, Model, args + ["--dry_run"]) is None
     plan = capsys.readouterr().out
-    assert "stage 1                  8 tokens x 8 steps = 256 tokens (25%), 0 s at 640 tokens/s" in plan
-    assert "stage 2                  32 tokens x 6 steps = 768 tokens (75%), 1 s at 1,280 tokens/s" in plan
+    assert "stage 1                  8 tokens x 4 sequences x 8 steps = 256 tokens (25%), 0 s at 640 tokens/s" in plan
+    assert "stage 2                  32 tokens x 4 sequences x 6 steps = 768 tokens (75%), 1 s at 1,280 tokens/s" in plan
     results = main("gpt", configs, Model, args)
     assert results["steps"] == 14 and results["tokens_seen"] == 1024
     assert results["accelerator_seconds"] == pytest.approx(1.0, rel=1e-12)
     assert results["stages"] == [
-        {"seq_len": 8, "steps": 8, "tokens": 256, "tokens_per_second": 640.0, "accelerator_seconds": 0.4},
-        {"seq_len": 32, "steps": 6, "tokens": 768, "tokens_per_second": 1280.0, "accelerator_seconds": 0.6}]
+        {"seq_len": 8, "steps": 8, "sequences_per_step": 4, "tokens": 256, "tokens_per_second": 640.0,
+         "accelerator_seconds": 0.4},
+        {"seq_len": 32, "steps": 6, "sequences_per_step": 4, "tokens": 768, "tokens_per_second": 1280.0,
+         "accelerator_seconds": 0.6}]
     log = [json.loads(line) for line in (tmp_path / "r" / "log.jsonl").read_text().splitlines()]
     train = {r["step"]: r for r in log if r["event"] == "train"}
     assert (train[8]["seq_len"], train[8]["tokens"], train[8]["accelerator_seconds"]) == (8, 256, pytest.approx(0.4))
     assert (train[9]["seq_len"], train[9]["tokens"], train[9]["accelerator_seconds"]) == (32, 384, pytest.approx(0.5))
+
+
+def test_stage_batch_in_tokens_by_hand(default_corpus_root, tmp_path, monkeypatch, capsys):
+    """--stage_batch tokens (the default, the Shortformer authors'): every step trains batch x 32 tokens. The same
+    1 s as above buys the same 1,024 tokens: 256 at 8 in 2 steps of 16 sequences (4 streams x 32 / 8), 768 at 32
+    in 6 steps of 4; a quarter of the tokens in a quarter of the updates."""
+    monkeypatch.setattr(throughput, "registry_path", lambda project: registry_with_stage_rows(tmp_path, {8: 640.0,
+                                                                                                           32: 1280.0}))
+    args = TINY + ["--data_root", str(default_corpus_root), "--compute_class", "1s", "--reference_hardware", "cpu",
+                   "--stages", "8:0.25,32", "--log_every", "1", "--out_dir", str(tmp_path), "--run_name", "r"]
+    assert main("gpt", configs, Model, args + ["--dry_run"]) is None
+    plan = capsys.readouterr().out
+    assert "stage 1                  8 tokens x 16 sequences x 2 steps = 256 tokens (25%), 0 s at 640 tokens/s" in plan
+    assert "stage 2                  32 tokens x 4 sequences x 6 steps = 768 tokens (75%), 1 s at 1,280 tokens/s" in plan
+    results = main("gpt", configs, Model, args)
+    assert (results["steps"], results["tokens_seen"]) == (8, 1024)
+    assert [(s["steps"], s["sequences_per_step"], s["tokens"]) for s in results["stages"]] == [(2, 16, 256), (6, 4, 768)]
+    with pytest.raises(SystemExit, match="must divide the last one's"):
+        main("gpt", configs, Model, args + ["--stages", "12:0.25,32", "--dry_run"])
+
+
+def test_batches_in_tokens_read_each_streams_stage_text_in_consecutive_parts(default_corpus_root):
+    books = BooksDataset(default_corpus_root, 2048).books("train")
+    # stage 1: 3 steps of 4 rows of 2 tokens per stream (its 24 tokens in 4 parts of 6); stage 2: 2 steps of 8
+    schedule = stages.Schedule((2, 8), (3, 2), (None, None), (4, 1))
+    staged = TrainBatches(books, 2048, 4, 8, micro_batches=2, schedule=schedule)
+    by_token = TrainBatches(books, 2048, 4, 1, micro_batches=1)  # token k of every stream at step k
+    stream = np.concatenate([by_token(k)[0].numpy()[0] for k in range(24 + 16 + 1)], axis=-1)  # (4 streams, 41)
+    for q in range(3):
+        x, y = staged(q)
+        assert x.shape == (2, 2 * 4, 2)  # micro-batches x (2 streams x 4 rows) x length
+        rows = x.reshape(4, 4, 2).numpy()  # stream x row x length
+        for j in range(4):
+            np.testing.assert_array_equal(rows[:, j], stream[:, 6 * j + 2 * q:6 * j + 2 * q + 2])
+    x, y = staged(3)
+    np.testing.assert_array_equal(x.reshape(4, 8).numpy(), stream[:, 24:32])
+    np.testing.assert_array_equal(y.reshape(4, 8).numpy(), stream[:, 25:33])
+    assert [schedule.resets_state_at(s) for s in range(5)] == [False, False, False, True, False]
+    assert not stages.Schedule((2, 8), (3, 2), (None, None)).resets_state_at(3)  # sequences: the state carries on

@@ -16,7 +16,8 @@ from languini import datasets, measure, throughput
 from languini.books import BooksDataset
 from languini.experiment import REPO_ROOT, main
 from languini.measure import Measurement
-from languini.trainer import TrainConfig, Trainer, ramp_times_cosine, warmup_then_cosine
+from languini.stop import EXIT_UNFINISHED
+from languini.trainer import TrainConfig, Trainer, ramp_times_cosine, warmup_steps, warmup_then_cosine
 from projects.gpt import configs
 from projects.gpt.model import Model
 
@@ -63,8 +64,8 @@ def test_ramp_times_cosine_by_hand():
 ])
 def test_trainer_follows_the_schedule_it_is_given(default_corpus_root, tmp_path, schedule, step, factor):
     cfg = configs.get("cpu", d_model=16, n_layers=1, n_heads=2, d_head=8, seq_len=8)
-    assert TrainConfig().lr_schedule == "ramp_times_cosine" and TrainConfig().warmup_steps == 200  # the official
-    tcfg = TrainConfig(batch_size=2, lr_schedule=schedule)
+    assert TrainConfig().lr_schedule == "ramp_times_cosine" and warmup_steps(TrainConfig(), 18_265) == 200  # the official
+    tcfg = TrainConfig(batch_size=2, lr_schedule=schedule, warmup_steps=200)
     trainer = Trainer(project="gpt", config_name="cpu", model_cfg=cfg, model_cls=Model, tcfg=tcfg,
                       dataset=BooksDataset(default_corpus_root, 2048), bytes_per_token=torch.ones(2048),
                       run_dir=tmp_path, total_steps=1000, tokens_per_second=1.0)
@@ -90,7 +91,9 @@ def test_killed_and_resumed_run_has_the_losses_of_an_uninterrupted_one(default_c
     args = TINY + ["--data_root", str(default_corpus_root), "--max_steps", "8", "--log_every", "1",
                    "--eval_every", "4", "--micro_batches", "2", "--run_name", "r"]
     whole = main("gpt", configs, model_cls, args + ["--out_dir", str(tmp_path / "a")])
-    assert main("gpt", configs, model_cls, args + ["--out_dir", str(tmp_path / "b"), "--stop_at_step", "5"]) is None
+    with pytest.raises(SystemExit) as stopped:  # unfinished: the exit code a requeue script runs again on
+        main("gpt", configs, model_cls, args + ["--out_dir", str(tmp_path / "b"), "--stop_at_step", "5"])
+    assert stopped.value.code == EXIT_UNFINISHED
     run_b = tmp_path / "b" / "r"
     first_job = torch.load(run_b / "checkpoint.pt", weights_only=False)["wall_seconds"]
     with (run_b / "log.jsonl").open("a") as f:  # a row the killed run wrote after its last checkpoint
@@ -355,7 +358,7 @@ def test_cpu_path_times_a_model_with_another_vocabulary_instead_of_reusing_a_row
     main("gpt", configs, Model, default_corpus + ["--attention", "sdpa"])
     assert timed == [16384] and "24,004 tokens/s (measured on cpu, 2026-11-22)" in capsys.readouterr().out
     main("gpt", configs, Model, default_corpus)
-    assert timed == [16384, 2048] and "No throughput row for gpt cpu (model" in capsys.readouterr().out
+    assert timed == [16384, 2048] and "Timing gpt cpu (model" in capsys.readouterr().out
 
 
 def test_a_config_named_cpu_is_timed_on_this_cpu_and_a_paper_config_is_not(default_corpus_root, tmp_path,
@@ -409,14 +412,16 @@ def test_run_records_its_throughput_row_and_evaluation_time(default_corpus_root,
     throughput.append_row(registry, row)
     monkeypatch.setattr(throughput, "registry_path", lambda project: registry)
     args = TINY + ["--data_root", str(default_corpus_root), "--compute_class", "1s", "--reference_hardware", "cpu",
-                   "--eval_every", "5", "--eval_every_max_batches", "1", "--out_dir", str(tmp_path), "--run_name", "r"]
+                   "--eval_every", "5", "--eval_every_max_batches", "1", "--eval_budget", "0", "--out_dir", str(tmp_path),
+                   "--run_name", "r"]
     results = main("gpt", configs, Model, args)
     assert results["steps"] == 10  # 1 s x 1,280 tokens/s / (4 x 32)
     assert results["throughput_row"] == dataclasses.asdict(row)
     assert (results["model_fingerprint"], results["model_flags"]) == (spec.fingerprint, spec.flags)
     log = [json.loads(line) for line in (tmp_path / "r" / "log.jsonl").read_text().splitlines()]
     evals = [r for r in log if r["event"] == "eval"]
-    during, final_valid = evals[0], next(r for r in evals[1:] if r["split"] == "valid" and r["mode"] == "fast")
+    during, final_valid = evals[0], next(r for r in evals[1:] if r["split"] == "valid" and r["mode"] == "fast"
+                                         and not r.get("progress"))
     assert during["step"] == 5 and during["scored_tokens"] <= 4 * 32 < final_valid["scored_tokens"]  # capped: 1 batch
     assert all(r["wall_seconds"] > 0 for r in evals)
     train = [r["train_wall_seconds"] for r in log if r["event"] == "train"]
@@ -486,11 +491,13 @@ def test_default_corpus_only_without_a_prepared_dataset(default_corpus_root, dat
     assert f"(fingerprint {integrity_fingerprint(default_corpus_root / 'books_2048')})" in out
 
 
-def run_script(project, args, processes=1):
+def run_script(project, args, processes=1, check=True) -> int:
+    """Runs train.py (under torchrun with processes > 1); its exit code, which must be 0 if `check`."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
     script = str(REPO_ROOT / "projects" / project / "train.py")
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)] if processes > 1 else []
-    subprocess.run([sys.executable, *launcher, script, *args], check=True, env=env, capture_output=True)
+    return subprocess.run([sys.executable, *launcher, script, *args], check=check, env=env,
+                          capture_output=True).returncode
 
 
 def test_data_parallel_processes_equal_gradient_accumulation(default_corpus_root, tmp_path):
@@ -510,7 +517,9 @@ def test_data_parallel_resume_restores_every_process_recurrent_state(default_cor
     common = TINY + ["--data_root", str(default_corpus_root), "--max_steps", "4", "--log_every", "1",
                      "--run_name", "r", "--eval_max_batches", "1", "--slow_eval_max_windows", "1"]
     run_script("qlstm", common + ["--out_dir", str(tmp_path / "whole")], processes=2)
-    run_script("qlstm", common + ["--out_dir", str(tmp_path / "split"), "--stop_at_step", "2"], processes=2)
+    # unfinished: torchrun exits with 1 when its workers exit with EXIT_UNFINISHED
+    assert run_script("qlstm", common + ["--out_dir", str(tmp_path / "split"), "--stop_at_step", "2"], processes=2,
+                      check=False) != 0
     run_script("qlstm", common + ["--out_dir", str(tmp_path / "split"), "--resume", "true"], processes=2)
     assert train_losses(tmp_path / "split" / "r") == train_losses(tmp_path / "whole" / "r")
 
@@ -532,3 +541,86 @@ def test_tensorboard_without_its_package_is_explained(default_corpus_root, tmp_p
                    "--tensorboard", "true"]
     with pytest.raises(SystemExit, match=r"pip install -e '.\[tensorboard\]'"):
         main("gpt", configs, Model, args)
+
+
+def test_a_paper_config_without_prepared_data_is_planned_as_published_and_never_trained_on_the_smoke_corpus(
+        data_dir, capsys, monkeypatch):
+    """Issue 26: the paper's own dry run in a fresh clone (no data) prints the paper's 18,265 steps; a run stops
+    naming the command that prepares the books."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    paper = ["--config", "small", "--compute_class", "6h", "--batch_size", "128"]
+    assert main("gpt", configs, Model, paper + ["--dry_run"]) is None
+    out = capsys.readouterr().out
+    assert "planning the config as published (vocab 16,384)" in out and "steps                    18,265\n" in out
+    assert "scripts/prepare_books.py" in out and not (data_dir / "default_corpus").exists()
+    with pytest.raises(SystemExit, match="never trains on the embedded smoke-test corpus.*scripts/prepare_books.py"):
+        main("gpt", configs, Model, paper)
+
+
+def test_a_gpu_reference_on_a_cpu_plans_the_classs_gpu_config_and_names_the_missing_row(default_corpus_root,
+                                                                                       monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    from projects.lram_gpt import configs as lram_configs
+    from projects.lram_gpt.model import Model as LRAM
+    with pytest.raises(SystemExit) as refused:
+        main("lram_gpt", lram_configs, LRAM, ["--compute_class", "24h", "--reference_hardware", "RTX 3090",
+                                              "--data_root", str(default_corpus_root), "--dry_run"])
+    message = str(refused.value)
+    assert "no throughput for lram_gpt small" in message and "on the RTX 3090" in message
+    assert "--derive 'RTX 3090' --baseline gpt:small" in message  # or from any GPU, by ratio to GPT small
+    assert "reference hardware 'cpu'" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("root,message", [("missing", "does not exist. Prepare a dataset there"),
+                                          ("empty", "holds no prepared dataset")])
+def test_a_data_root_without_data_says_so(tmp_path, root, message):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match=f"--data_root .*{root} {message}.*prepare_books.py"):
+        main("gpt", configs, Model, TINY + ["--max_steps", "1", "--data_root", str(tmp_path / root)])
+
+
+def test_a_run_whose_speed_is_off_its_row_says_so_in_the_log_and_results(default_corpus_root, tmp_path, capsys,
+                                                                          monkeypatch):
+    """Issue 26: a CPU class bought at a row far too slow for this machine trained far too short; say it."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args = TINY + ["--data_root", str(default_corpus_root), "--compute_class", "2s", "--out_dir", str(tmp_path),
+                   "--run_name", "r"]
+    kept = tmp_path / "throughput.csv"  # this CPU's row, as an earlier timing here would have kept it
+    spec = throughput.model_spec("gpt", "cpu", configs.get("cpu", seq_len=32, d_model=32, n_layers=1, n_heads=2,
+                                                           d_head=16))
+    throughput.append_row(kept, throughput.ThroughputRow("gpt", "cpu", spec.fingerprint, spec.flags, "cpu", 4, 32, 100.0,
+                                                         None, "fp32", False, "2.13.0", "2026-01-02", "measured", "x"))
+    results = main("gpt", configs, Model, args)
+    check = results["throughput_check"]
+    assert check["expected_tokens_per_second"] == 100.0 and check["measured_tokens_per_second"] > 125
+    assert not check["within_margin"] and check["margin"] == 0.25
+    assert "Warning: training ran at" in capsys.readouterr().out
+    log = [json.loads(line) for line in (tmp_path / "r" / "log.jsonl").read_text().splitlines()]
+    assert [r["ratio"] for r in log if r["event"] == "throughput_check"] == [check["ratio"]]
+
+
+def test_this_cpus_kept_row_comes_first_and_retime_times_it_again(default_corpus_root, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    timed = []
+    monkeypatch.setattr(measure, "measure_batch_size", lambda model, cfg, batch, *rest: timed.append(batch) or
+                        Measurement(batch, 2048.0 * len(timed), 0.5, None, 0.8))
+    argv = ["--compute_class", "10s", "--dry_run", "--data_root", str(default_corpus_root), "--out_dir", str(tmp_path),
+            "--d_model", "96"]  # a model no committed row has
+    main("gpt", configs, Model, argv)
+    out = capsys.readouterr().out
+    assert timed == [16] and "spread over 80%" in out and "looks busy" in out and "--retime true" in out
+    main("gpt", configs, Model, argv)
+    assert timed == [16] and "2,048 tokens/s (measured on cpu" in capsys.readouterr().out
+    main("gpt", configs, Model, argv + ["--retime"])
+    assert timed == [16, 16] and "4,096 tokens/s (measured on cpu" in capsys.readouterr().out
+    main("gpt", configs, Model, argv)  # the newest timing of this machine is used from then on
+    assert timed == [16, 16] and "4,096 tokens/s (measured on cpu" in capsys.readouterr().out
+
+
+def test_short_runs_warm_up_for_a_tenth_of_their_steps():
+    assert [warmup_steps(TrainConfig(), n) for n in (6, 72, 1999, 2000, 18_265)] == [1, 7, 199, 200, 200]
+    assert warmup_steps(TrainConfig(warmup_steps=50), 72) == 50  # as given
+    assert warmup_steps(TrainConfig(warmup_steps=50, lr_schedule="warmup_then_cosine"), 72) == 7
+    # a 72-step run reaches the peak learning rate at step 7, then decays
+    assert ramp_times_cosine(6, 72, warmup_steps(TrainConfig(), 72), 0.01) == pytest.approx(
+        0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi * 7 / 72)))
