@@ -32,6 +32,7 @@ from languini.compute_class import (
 )
 from languini.run_folder import RUN_CONFIG
 from languini.trainer import (
+    CPU_PROGRESS_BATCHES,
     DEFAULT_WARMUP,
     TrainConfig,
     eval_every_max_batches,
@@ -75,18 +76,21 @@ class EvalWork:
 
 @dataclass(frozen=True)
 class EvalCaps:
-    """The evaluation caps a run uses in place of its flags' so that evaluation takes at most `fraction` of the
-    expected training time (size_evaluation; --eval_budget)."""
+    """The evaluation settings a run uses in place of its flags' (size_evaluation): on the CPU path the smaller
+    subset of every evaluation during training, and where evaluation would take more than `fraction` of the
+    expected training time, fewer evaluations during training and lower caps on the final one (`sized`)."""
 
     fraction: float
     eval_max_batches: int | None
-    eval_every_max_batches: int | None
+    eval_every_max_batches: int
     slow_eval_max_windows: int | None
+    eval_every: int | None
+    sized: bool  # the budget lowered a cap or the number of evaluations
 
     def apply(self, tcfg: TrainConfig) -> TrainConfig:
         return dataclasses.replace(tcfg, eval_max_batches=self.eval_max_batches,
                                    eval_every_max_batches=self.eval_every_max_batches,
-                                   slow_eval_max_windows=self.slow_eval_max_windows)
+                                   slow_eval_max_windows=self.slow_eval_max_windows, eval_every=self.eval_every)
 
 
 @dataclass(frozen=True)
@@ -331,7 +335,7 @@ def plan_run(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainConfi
         plan = dataclasses.replace(plan, evaluation=eval_work(dataset, tcfg, model_cfg.seq_len, plan.steps, stateful))
         fraction = eval_budget(tcfg, cpu_path)
         if fraction:
-            plan = size_evaluation(plan, dataset, tcfg, model_cfg.seq_len, stateful, fraction)
+            plan = size_evaluation(plan, dataset, tcfg, model_cfg.seq_len, stateful, fraction, cpu_path)
     plan = dataclasses.replace(plan, warmup_steps=warmup_steps(tcfg, plan.steps), warmup_reason=_warmup_reason(tcfg))
     if cpu_path and tcfg.compute_class in PAPER_COMPUTE_CLASSES:
         plan = dataclasses.replace(plan, notes=(
@@ -479,36 +483,42 @@ def eval_budget(tcfg: TrainConfig, cpu_path: bool) -> float | None:
     return CPU_EVAL_BUDGET if cpu_path else None
 
 
-def size_evaluation(plan: Plan, dataset, tcfg: TrainConfig, seq_len: int, stateful: bool, fraction: float) -> Plan:
-    """The plan with evaluation caps that keep its expected evaluation time within `fraction` of its expected
-    training time, where the flags' caps would exceed it (else `plan` unchanged).
+def size_evaluation(plan: Plan, dataset, tcfg: TrainConfig, seq_len: int, stateful: bool, fraction: float,
+                    cpu_path: bool) -> Plan:
+    """The plan with the evaluation settings of a run whose evaluation may take `fraction` of its expected
+    training time (EvalCaps; `plan` unchanged where nothing changes).
 
-    A third of the allowance goes to the evaluations during training, two thirds to the final one, shared equally
-    by the held-out splits and by the fast and slow evaluation of each; a cap is only ever lowered, never below
-    one batch or window. Needs the local throughput (the plan's wall-time estimate); without it, `plan`."""
-    work = plan.evaluation
-    if work is None or plan.local_row is None:
-        return plan
-    allowed = fraction * plan.expected_wall_seconds * EVAL_SPEEDUP * plan.local_tokens_per_second  # positions
-    if work.during_training + work.final <= allowed:
-        return plan
+    Every evaluation during training reads the same first batches of the valid split, CPU_PROGRESS_BATCHES on the
+    CPU path unless --eval_every_max_batches says otherwise, so that the learning curves of all runs on a dataset
+    compare. Where the flags' settings would take longer than allowed, a third of the allowance goes to the
+    evaluations during training (fewer of them, the last step's always kept) and two thirds to the final one,
+    shared equally by the held-out splits and by the fast and slow evaluation of each; a cap is only ever
+    lowered, and the final fast evaluation reads at least the subset of the evaluations during training. Needs
+    the local throughput (the plan's wall-time estimate); without it, only the subset is set."""
+    progress = tcfg.eval_every_max_batches or (CPU_PROGRESS_BATCHES if cpu_path else None)
+    subset = dataclasses.replace(tcfg, eval_every_max_batches=progress)
+    progress = eval_every_max_batches(subset)
+    work = eval_work(dataset, subset, seq_len, plan.steps, stateful)
+    unsized = EvalCaps(fraction, tcfg.eval_max_batches, progress, tcfg.slow_eval_max_windows, tcfg.eval_every, False)
+    allowed = (None if plan.local_row is None
+               else fraction * plan.expected_wall_seconds * EVAL_SPEEDUP * plan.local_tokens_per_second)
+    if allowed is None or work.during_training + work.final <= allowed:
+        return dataclasses.replace(plan, eval_caps=unsized if progress != eval_every_max_batches(tcfg) else None,
+                                   evaluation=work)
     held_out = [s for s in dataset.splits if s != "train"]
-    during_share = allowed / 3 if work.evaluations_during_training else 0.0
-    per_mode = (allowed - during_share) / (2 * max(len(held_out), 1))
+    evaluations = min(work.evaluations_during_training, max(int(allowed / 3 // max(work.each_during_training, 1)), 1))
+    every = tcfg.eval_every if evaluations == work.evaluations_during_training else -(-plan.steps // evaluations)
+    per_mode = (allowed - evaluations * work.each_during_training) / (2 * max(len(held_out), 1))
 
-    def batches_within(positions: float, books, current: int | None) -> int:
+    def batches_within(positions: float, books) -> int:
         per_batch = evaluation.fast_positions(books, tcfg.eval_batch_size, seq_len, 1)
-        fit = max(int(positions // max(per_batch, 1)), 1)
-        return fit if current is None else min(current, fit)
+        return max(int(positions // max(per_batch, 1)), progress, 1)
 
-    fast_cap = min(batches_within(per_mode, dataset.books(s), tcfg.eval_max_batches) for s in held_out)
+    fast_cap = min(batches_within(per_mode, dataset.books(s)) for s in held_out)
+    fast_cap = fast_cap if tcfg.eval_max_batches is None else min(tcfg.eval_max_batches, fast_cap)
     windows = max(int(per_mode // seq_len), 1)
     slow_cap = windows if tcfg.slow_eval_max_windows is None else min(tcfg.slow_eval_max_windows, windows)
-    progress_cap = eval_every_max_batches(tcfg)
-    if work.evaluations_during_training:
-        progress_cap = batches_within(during_share / work.evaluations_during_training,
-                                      dataset.books(progress_split(dataset.splits)), progress_cap)
-    caps = EvalCaps(fraction, fast_cap, min(progress_cap or fast_cap, fast_cap), slow_cap)
+    caps = EvalCaps(fraction, fast_cap, progress, slow_cap, every, True)
     return dataclasses.replace(plan, eval_caps=caps,
                                evaluation=eval_work(dataset, caps.apply(tcfg), seq_len, plan.steps, stateful))
 
@@ -648,9 +658,10 @@ def _wall_time_rows(plan: Plan) -> list[tuple[str, str]]:
             ("", f"total {_duration(train + during + final)} (the compute class counts training only)"),
         ]
     caps = plan.eval_caps
-    if caps is not None:
+    if caps is not None and caps.sized:
         rows.append(("evaluation sized", f"to at most {caps.fraction:.0%} of the training time (--eval_budget; 0 turns "
                                          f"it off): fast eval {caps.eval_max_batches:,} batches per split, slow eval "
                                          f"{caps.slow_eval_max_windows:,} windows per split, "
-                                         f"{caps.eval_every_max_batches:,} batches during training"))
+                                         f"{work.evaluations_during_training} evaluations during training of the same "
+                                         f"{caps.eval_every_max_batches:,} batches"))
     return rows

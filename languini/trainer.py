@@ -32,6 +32,8 @@ from languini.stages import STAGE_BATCHES
 from languini.stop import StopSignals
 
 DEFAULT_WARMUP = 200  # steps of linear warm-up of a run of 2,000 steps or more
+# batches of each evaluation during training, the same for every run of a dataset, so learning curves compare
+PROGRESS_BATCHES, CPU_PROGRESS_BATCHES = 50, 8
 
 
 @dataclass
@@ -66,8 +68,10 @@ class TrainConfig:
     log_every: int = arg(10, "steps between training log rows")
     eval_batch_size: int = arg(16, "streams per evaluation batch")
     eval_max_batches: int | None = arg(500, "fast eval: up to this many batches per split")
-    eval_every_max_batches: int | None = arg(50, "fast eval during training: up to this many batches (at most "
-                                                 "--eval_max_batches; the final evaluation is the full one)")
+    eval_every_max_batches: int | None = arg(None, f"fast eval during training: the same first N batches of the "
+                                                   f"valid split every time (at most --eval_max_batches); None: "
+                                                   f"{PROGRESS_BATCHES}, or {CPU_PROGRESS_BATCHES} on a CPU (a "
+                                                   "CPU-sized config without a GPU)")
     slow_eval_max_windows: int | None = arg(None, "slow eval: cap on windows per split, evenly spaced over it (a "
                                                   "stateful model's: the first ones); None: the whole split")
     eval_budget: float | None = arg(None, "lower the eval caps so that evaluation is expected to take at most this "
@@ -107,10 +111,11 @@ def progress_split(splits: list[str]) -> str:
     return "valid" if "valid" in splits else "test"
 
 
-def eval_every_max_batches(tcfg: TrainConfig) -> int | None:
-    """The batch cap of the evaluations during training: the smaller of the two caps (None: no cap)."""
-    caps = [c for c in (tcfg.eval_every_max_batches, tcfg.eval_max_batches) if c is not None]
-    return min(caps, default=None)
+def eval_every_max_batches(tcfg: TrainConfig) -> int:
+    """The batches of each evaluation during training: --eval_every_max_batches (PROGRESS_BATCHES if None), at most
+    --eval_max_batches."""
+    caps = [c for c in (tcfg.eval_every_max_batches or PROGRESS_BATCHES, tcfg.eval_max_batches) if c is not None]
+    return min(caps)
 
 
 def detach(state):
