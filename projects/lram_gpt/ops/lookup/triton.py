@@ -65,7 +65,6 @@ TINY = tl.constexpr(torch.finfo(torch.float32).tiny)  # 2^-126; w_i is read at l
 FLOOR_INVERSE = tl.constexpr(2.0**63)
 LIFT = tl.constexpr(2.0**64)
 INFINITY = tl.constexpr(float("inf"))
-NAN = tl.constexpr(float("nan"))
 Q_LIMIT = tl.constexpr(2.0**22)  # lattice coordinates beyond it (4 million periods) read as NaN: see lookup_fwd
 PI = tl.constexpr(math.pi)
 HALF_PI = tl.constexpr(math.pi / 2)
@@ -134,7 +133,8 @@ def _torus_query(z_ptr, freq_ptr, row, cols):
     lift = tl.where(squared < TINY, LIFT, 1.0)
     angle = _atan2(im * lift, tl.where(squared == 0.0, 1.0, re * lift))
     q = tl.where(valid, angle * tl.load(freq_ptr + cols), 0.0)
-    return tl.where(valid, scale, NAN), q
+    # inf - inf is NaN: a NaN global would break the JIT's cache check (NaN != NaN)
+    return tl.where(valid, scale, INFINITY - INFINITY), q
 
 
 @triton.jit
@@ -155,7 +155,7 @@ def lram_lookup_fwd_kernel(
         # into [-K/2, K/2] (exactly: minus an integer), as the torus query's are; a lattice translation
         period = 2.0 * tl.load(half_periods_ptr + cols).to(tl.float32)
         q = q - period * tl.floor(q * tl.fdiv(1.0, period) + 0.5)
-        scale = tl.where(valid, 1.0, NAN)
+        scale = tl.where(valid, 1.0, INFINITY - INFINITY)  # NaN
     else:
         scale, q = _torus_query(x_ptr, freq_ptr, row, cols)
 
@@ -722,7 +722,8 @@ def cost_spec(kernel, constants, signature, spec):
     if kernel == "lram_lookup_bwd_kernel":
         moved = topk * m * value_bytes * constants["GRAD_X"] + topk * m * 4 * constants["GRAD_VALUES_ATOMIC"]
         moved += 16 * 8 + m * 2 + topk * 6 + 40 + topk * 4 * (1 + constants["GRAD_X"])
-        return spec(1, [triton.next_power_of_2(topk) // constants["CHUNK"]], moved)
+        return spec(1, [triton.next_power_of_2(topk) // constants["CHUNK"]], moved,
+                    f"a lookup: one head reading its {topk} rows of m = {m} values")
     if kernel == "lram_lookup_segment_sum_kernel":  # per lookup: its TOPK entries; a row's gradient is written about once
         per_entry = m * 4 + 4 + 8 + 4 + 4 * constants["COMPACT"]
         return spec(constants["BLOCK"] / topk, [constants["BLOCK"]], topk * per_entry + topk * m * 4,
