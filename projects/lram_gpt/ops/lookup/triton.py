@@ -27,9 +27,10 @@ gathers the k rows once for a_k = g . v_k and returns
     dL/ds   = sum_k u_k^4 a_k
     dL/dv_k += s u_k^4 g                             by relaxed atomics ("atomic"), or without per-entry atomics
                                                      ("segment"): entries sorted by int32 memory index, each
-                                                     chunk of 32 sorted entries sums its runs in order and
-                                                     stores them, runs cut by a chunk's edge are added
-                                                     atomically. No host synchronisation on the dense path.
+                                                     block of 32 sorted entries sums its runs at once (a
+                                                     segmented scan) and stores them, runs cut by a block's
+                                                     edge are added atomically. No host synchronisation on
+                                                     the dense path.
 With sparse=True the value gradient is a sparse COO tensor of the rows read (the segment sums written
 compactly; the number of rows read is the one host synchronisation of that path).
 scripts/kernel_cost.py prints what each kernel costs per lookup (projects/lram_gpt/kernel_cost.csv).
@@ -367,42 +368,48 @@ def lram_lookup_bwd_kernel(
 
 
 @triton.jit
+def _segmented_add(value_a, start_a, value_b, start_b):
+    """The combine of a segmented sum: b's run began at or after a's end, so it does not add a."""
+    return tl.where(start_b != 0, value_b, value_a + value_b), start_a | start_b
+
+
+@triton.jit
 def lram_lookup_segment_sum_kernel(
     sorted_index_ptr, order_ptr, slot_weight_ptr, grad_out_ptr, target_ptr, grad_values_ptr, n_entries,
     M: tl.constexpr, M_PAD: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr, COMPACT: tl.constexpr,
 ):
-    """Sums s u^4 g over the runs of equal memory index in one chunk of the sorted (row, slot) entries, in order.
+    """Sums s u^4 g over the runs of equal memory index in one block of the sorted (row, slot) entries, in one
+    pass: the block's [BLOCK, m] contributions, a segmented scan along the entries, a store at each run's end.
 
-    A run that starts and ends in the chunk is stored (its row has no other writer); one cut by the chunk's
+    A run that starts and ends in the block is stored (its row has no other writer); one cut by the block's
     edge is added atomically, so the dense gradient must start at zero."""
     start = tl.program_id(0) * BLOCK
-    end = tl.minimum(start + BLOCK, n_entries)
-    value_cols = tl.arange(0, M_PAD)
+    entries = start + tl.arange(0, BLOCK)
+    ok = entries < n_entries
+    # two columns per lane (loads of 2 values, not 4 or 8): 32 lanes then span a row of 64, so each lane holds
+    # all of the block's entries of its columns and the scan along the entries stays inside the lane
+    value_cols = tl.max_contiguous(tl.arange(0, M_PAD), 2)
     value_ok = value_cols < M
-    run = tl.load(sorted_index_ptr + start)
-    whole = (run != tl.load(sorted_index_ptr + start - 1, mask=start > 0, other=-1)).to(tl.int32)  # began here
-    run_start = start
-    acc = tl.zeros((M_PAD,), tl.float32)
-    for e in range(start, end):
-        index = tl.load(sorted_index_ptr + e)
-        if index != run:  # the run ended at e - 1, inside the chunk
-            target = tl.load(target_ptr + run_start).to(tl.int64) if COMPACT else run.to(tl.int64)
-            tl.store(grad_values_ptr + target * M + value_cols, acc, mask=value_ok & (value_cols * 0 + whole != 0))
-            tl.atomic_add(grad_values_ptr + target * M + value_cols, acc, mask=value_ok & (value_cols * 0 + whole == 0),
-                          sem="relaxed")
-            acc = tl.zeros((M_PAD,), tl.float32)
-            run = index
-            run_start = e
-            whole = 1
-        entry = tl.load(order_ptr + e)
-        grad = tl.load(grad_out_ptr + (entry // TOPK) * M + value_cols, mask=value_ok, other=0.0).to(tl.float32)
-        acc += tl.load(slot_weight_ptr + entry) * grad
-    ends_here = run != tl.load(sorted_index_ptr + end, mask=end < n_entries, other=-1)
-    whole = whole * ends_here.to(tl.int32)
-    target = tl.load(target_ptr + run_start).to(tl.int64) if COMPACT else run.to(tl.int64)
-    tl.store(grad_values_ptr + target * M + value_cols, acc, mask=value_ok & (value_cols * 0 + whole != 0))
-    tl.atomic_add(grad_values_ptr + target * M + value_cols, acc, mask=value_ok & (value_cols * 0 + whole == 0),
-                  sem="relaxed")
+    index = tl.load(sorted_index_ptr + entries, mask=ok, other=-1)
+    following = tl.load(sorted_index_ptr + entries + 1, mask=entries + 1 < n_entries, other=-1)
+    entry = tl.load(order_ptr + entries, mask=ok, other=0)
+    weight = tl.load(slot_weight_ptr + entry, mask=ok, other=0.0)
+    grad = tl.load(grad_out_ptr + (entry // TOPK).to(tl.int64)[:, None] * M + value_cols[None, :],
+                   mask=ok[:, None] & value_ok[None, :], other=0.0).to(tl.float32)
+    # a run starts where the index changes; the block's first entry starts its part of a run
+    preceding = tl.load(sorted_index_ptr + entries - 1, mask=ok & (entries > start), other=-1)
+    starts = tl.broadcast_to(((index != preceding) | (entries == start)).to(tl.int32)[:, None], (BLOCK, M_PAD))
+    sums, _ = tl.associative_scan((weight[:, None] * grad, starts), axis=0, combine_fn=_segmented_add)
+    # the run of the block's first entry may have begun in the block before; the last run may go on after it
+    first = tl.load(sorted_index_ptr + start)
+    began_before = (first == tl.load(sorted_index_ptr + tl.maximum(start - 1, 0))).to(tl.int32) * (start > 0)
+    ends = ok & ((index != following) | (entries == start + BLOCK - 1))
+    # no other block holds this run (began_before as a vector: the interpreter mishandles a scalar in a mask)
+    alone = (index != following) & ((index != first) | ((index * 0 + began_before) == 0))
+    target = tl.load(target_ptr + entries, mask=ok, other=0).to(tl.int64) if COMPACT else index.to(tl.int64)
+    pointers = grad_values_ptr + target[:, None] * M + value_cols[None, :]
+    tl.store(pointers, sums, mask=(ends & alone)[:, None] & value_ok[None, :])
+    tl.atomic_add(pointers, sums, mask=(ends & (alone == 0))[:, None] & value_ok[None, :], sem="relaxed")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -726,6 +733,6 @@ def cost_spec(kernel, constants, signature, spec):
                     f"a lookup: one head reading its {topk} rows of m = {m} values")
     if kernel == "lram_lookup_segment_sum_kernel":  # per lookup: its TOPK entries; a row's gradient is written about once
         per_entry = m * 4 + 4 + 8 + 4 + 4 * constants["COMPACT"]
-        return spec(constants["BLOCK"] / topk, [constants["BLOCK"]], topk * per_entry + topk * m * 4,
-                    "entries summed in order, one loop trip each")
+        return spec(constants["BLOCK"] / topk, [], topk * per_entry + topk * m * 4,
+                    "a block of entries summed at once (straight-line code)")
     return None
