@@ -386,9 +386,7 @@ def lram_lookup_segment_sum_kernel(
     start = tl.program_id(0) * BLOCK
     entries = start + tl.arange(0, BLOCK)
     ok = entries < n_entries
-    # two columns per lane (loads of 2 values, not 4 or 8): 32 lanes then span a row of 64, so each lane holds
-    # all of the block's entries of its columns and the scan along the entries stays inside the lane
-    value_cols = tl.max_contiguous(tl.arange(0, M_PAD), 2)
+    value_cols = tl.arange(0, M_PAD)
     value_ok = value_cols < M
     index = tl.load(sorted_index_ptr + entries, mask=ok, other=-1)
     following = tl.load(sorted_index_ptr + entries + 1, mask=entries + 1 < n_entries, other=-1)

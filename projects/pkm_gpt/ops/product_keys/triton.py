@@ -1,7 +1,7 @@
 """The product-key search by Triton kernels (naive.product_key_topk_reference is the reference).
 
 Forward, one program per block of BLOCK_T queries and one head (pkm_search_fwd_kernel):
-1. each half of the queries is scored against its n_keys sub-keys, CHUNK_N sub-keys at a time, by a matrix
+1. each half of the queries is scored against its n_keys sub-keys, a chunk of them at a time, by a matrix
    product (tl.dot; fp32 inputs, bf16 ones converted at load) into [BLOCK_T, CHUNK_N] scores;
 2. the knn best of each half by tl.topk (a bitonic network, no sort of all scores) on 64-bit keys that pack
    the score's bits (order-preserving) over the sub-key's index, so a key carries its index with it and
@@ -30,7 +30,9 @@ from projects.pkm_gpt.ops.product_keys.naive import check_inputs
 
 BLOCK_T = 16  # queries per program: tl.dot's smallest M
 WARPS = 8  # 4 need 210 registers (XLM's sizes: 255) for the top-k networks, 8 need 168 (sm_90, Triton 3.9)
-CHUNK_N = 128  # sub-keys scored per step: a [BLOCK_T, CHUNK_N] tile of 64-bit keys in registers
+# sub-keys scored per step: a [BLOCK_T, chunk] tile of 64-bit keys and a [half, chunk] tile of sub-keys in
+# registers; 128 for halves of up to 32 values, fewer for longer ones (XLM's 128: 32), at least knn
+CHUNK_ELEMENTS = 4096
 # fp32 scores as three TF32 products (about fp32's accuracy on tensor cores) on a GPU; the interpreter
 # multiplies in fp32
 DOT_PRECISION = tl.constexpr("tf32x3")
@@ -180,11 +182,11 @@ def _pair_tables(knn, device):
 
 
 def _meta(n_keys, half, knn):
-    n_pad = max(16, triton.next_power_of_2(n_keys))
+    n_pad, d_pad = max(16, triton.next_power_of_2(n_keys)), max(16, triton.next_power_of_2(half))
     pairs = len(candidate_pairs(knn)[0])
-    return dict(HALF=half, D_PAD=max(16, triton.next_power_of_2(half)), N_KEYS=n_keys, N_PAD=n_pad,
+    return dict(HALF=half, D_PAD=d_pad, N_KEYS=n_keys, N_PAD=n_pad,
                 KNN=knn, K_PAD=triton.next_power_of_2(knn), PAIRS=pairs, PAIRS_PAD=triton.next_power_of_2(pairs),
-                BLOCK=BLOCK_T, CHUNK=min(n_pad, max(CHUNK_N, triton.next_power_of_2(knn))),
+                BLOCK=BLOCK_T, CHUNK=min(n_pad, max(min(128, CHUNK_ELEMENTS // d_pad), triton.next_power_of_2(knn))),
                 LOG_N=n_pad.bit_length() - 1)
 
 
