@@ -5,7 +5,9 @@ Times three layers on random tokens x [1, tokens, w]:
 - LRAM: projects.lram_gpt LRAMBlock (memory sub-network of section 3.1, value_dim 64, top-32), memory_size
   chosen to hit each total-parameter target;
 - PKM: projects.pkm_gpt ProductKeyMemory as in the LRAM paper (8 heads, k_dim 64, knn 32, v_dim = w),
-  n_keys chosen to hit each target.
+  n_keys chosen to hit each target; on a GPU with its fastest product-key search (the Triton kernels of
+  projects/pkm_gpt/ops/product_keys), so that LRAM is compared with the best PKM this project can make;
+  --pkm_search torch times the old path (torch.topk) instead (the command line in the CSV says which).
 A memory size is used for a target when the layer's total parameter count is within half an octave
 (a factor sqrt(2)) of it; targets a width cannot reach are listed after the table.
 
@@ -102,8 +104,11 @@ def lram(width, memory_size, **options):
     return LRAMBlock(width, memory_size=memory_size, **options)
 
 
-def pkm(width, n_keys, use_triton=None, **options):
-    return ProductKeyMemory.from_config(width, replace(LRAM_PAPER_PKM, n_keys=n_keys, **options), use_triton)
+def pkm(width, n_keys, use_triton=None, triton_search=None, **options):
+    layer = ProductKeyMemory.from_config(width, replace(LRAM_PAPER_PKM, n_keys=n_keys, **options), use_triton)
+    if triton_search is not None:
+        layer.triton_search = triton_search
+    return layer
 
 
 LAYERS = {
@@ -114,11 +119,15 @@ LAYERS = {
 }
 
 
-def make(layer_key: str, width: int, size: int | None, use_triton: bool | None = False, **options) -> nn.Module:
-    """The layer on the current default device; memory layers get the atomic value gradient unless told otherwise."""
+def make(layer_key: str, width: int, size: int | None, use_triton: bool | None = False, pkm_search: str = "auto",
+         **options) -> nn.Module:
+    """The layer on the current default device; memory layers get the atomic value gradient unless told otherwise.
+    pkm_search: "auto" (the Triton search with the Triton kernels), "triton" or "torch" (torch.topk)."""
     layer = LAYERS[layer_key]
     if not layer.is_memory:
         return layer.build(width, size)
+    if layer_key == "pkm" and pkm_search != "auto":
+        options["triton_search"] = pkm_search == "triton"
     return layer.build(width, size, use_triton=use_triton, **(dict(value_grad="atomic") | options))
 
 
@@ -152,6 +161,7 @@ class Bench:
     device: torch.device
     autocast: Callable  # () -> context manager
     use_triton: bool | None  # None: the kernels on CUDA; False: the PyTorch references (CPU)
+    pkm_search: str  # "auto", "triton" or "torch": see make()
     tokens: int
     repeats: int
     warmup: int
@@ -240,7 +250,7 @@ def measure(layer_key: str, width: int, size: int | None, target: int | None, be
     try:
         torch.manual_seed(0)
         x = torch.randn(1, bench.tokens, width, device=bench.device, requires_grad=True)
-        module = make(layer_key, width, size, bench.use_triton).to(bench.device)
+        module = make(layer_key, width, size, bench.use_triton, bench.pkm_search).to(bench.device)
         stage = "forward"
         m.fwd = median_per_token([r[0] for r in time_phases(forward_run(module, x, bench), bench, [x])], bench)
         with torch.no_grad(), bench.autocast():
@@ -258,14 +268,16 @@ def measure(layer_key: str, width: int, size: int | None, target: int | None, be
         release(bench.device)
         if layer.is_memory and bench.use_triton is not False:
             stage = "reverse-index backward"
-            module = make(layer_key, width, size, bench.use_triton, value_grad="segment").to(bench.device)
+            module = make(layer_key, width, size, bench.use_triton, bench.pkm_search,
+                          value_grad="segment").to(bench.device)
             runs = time_phases(training_run(module, x, grad, [], bench), bench, [x])
             m.fwd_bwd_reverse_index = median_per_token([r[0] for r in runs], bench)
             del module
             release(bench.device)
         if layer.is_memory:
             stage = "step with SparseAdam"
-            module = make(layer_key, width, size, bench.use_triton, sparse_values=True).to(bench.device)
+            module = make(layer_key, width, size, bench.use_triton, bench.pkm_search,
+                          sparse_values=True).to(bench.device)
             values = {id(p) for p in module.value_parameters()}
             optimizers = [torch.optim.Adam([p for p in module.parameters() if id(p) not in values],
                                            lr=LEARNING_RATE, fused=bench.device.type == "cuda"),
@@ -449,6 +461,9 @@ def main(argv=None):
                         help="autocast as in languini.trainer; auto: bf16 on CUDA, fp32 on CPU")
     parser.add_argument("--hbm_gbps", type=float, default=None,
                         help="HBM bandwidth in GB/s for a GPU missing from the spec table")
+    parser.add_argument("--pkm_search", choices=["triton", "torch"], default=None,
+                        help="PKM's product-key search: the Triton kernels (default on a GPU) or torch.topk (the "
+                             "old path, slower; on CPU the default)")
     parser.add_argument("--out", type=Path, default=Path("bench_results"))
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.warmup < 1 or args.tokens < 1:
@@ -466,7 +481,8 @@ def main(argv=None):
     cpu_name = f"CPU ({platform.processor() or platform.machine()})"
     device_name = torch.cuda.get_device_name(device) if on_gpu else cpu_name
     hbm_gbps = (args.hbm_gbps or hbm_spec_gbps(device_name)) if on_gpu else None
-    bench = Bench(device, autocast, None if on_gpu else False, args.tokens, args.repeats, args.warmup)
+    bench = Bench(device, autocast, None if on_gpu else False, args.pkm_search or "auto", args.tokens, args.repeats,
+                  args.warmup)
     meta = {"device": device_name, "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "torch": torch.__version__, "triton": package_version("triton"),
             "precision": precision + (" (TF32 off)" if precision == "fp32" else ""),

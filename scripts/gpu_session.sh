@@ -11,6 +11,7 @@
 #   env (45) tests (390; 8 processes with pytest-xdist where it is installed)
 #   throughput = throughput_gpt (90) throughput_qlstm (90) throughput_lram_gpt (210) throughput_pkm_gpt (190)
 #   bench      = bench_qlstm (150) bench_memory_bf16 (200) bench_memory_fp32 (200)
+#   bench_pkm_torch_search (120): PKM with its old search (torch.topk), to set beside bench_memory_bf16's PKM
 #   train      = train_gpt (100) train_qlstm (120) train_lram_gpt (100) train_pkm_gpt (100)
 # Throughput rows are appended to copies of the registries in $OUT/throughput/<project>.csv, not to projects/.
 # The memory layers, which have no published rows, also get a row derived for the paper's RTX 3090 by ratio to
@@ -74,6 +75,12 @@ bench_memory_layers() {  # precision; widths and targets that give every fact th
         --repeats 5 --warmup 2 --out "$OUT"
 }
 
+bench_pkm_torch_search() {  # PKM with its old search (torch.topk), beside the Triton search of bench_memory_bf16
+    mkdir -p "$OUT/pkm_torch_search" &&
+        python scripts/bench_memory_layers.py --precision bf16 --widths 512,4096 --params 2^20,2^24,2^28 --layers pkm \
+            --pkm_search torch --repeats 5 --warmup 2 --out "$OUT/pkm_torch_search"
+}
+
 train_smoke() {  # project; the checkpoint (model and Adam state) stays in $SCRATCH, the rest is copied
     local data=()
     [[ -n "${DATA_ROOT:-}" && -n "${VOCAB_SIZE:-}" ]] && data=(--data_root "$DATA_ROOT" --vocab_size "$VOCAB_SIZE")
@@ -87,10 +94,10 @@ train_smoke() {  # project; the checkpoint (model and Adam state) stays in $SCRA
     return $status
 }
 
-export -f env_report kernel_tests throughput_sweep bench_qlstm bench_memory_layers train_smoke
+export -f env_report kernel_tests throughput_sweep bench_qlstm bench_memory_layers bench_pkm_torch_search train_smoke
 
 ORDER="env tests throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt bench_qlstm
-       bench_memory_bf16 bench_memory_fp32 train_gpt train_qlstm train_lram_gpt train_pkm_gpt"
+       bench_memory_bf16 bench_memory_fp32 bench_pkm_torch_search train_gpt train_qlstm train_lram_gpt train_pkm_gpt"
 # step: timeout in seconds, command
 declare -A STEPS=(
     [env]="45 env_report"
@@ -102,6 +109,7 @@ declare -A STEPS=(
     [bench_qlstm]="150 bench_qlstm"
     [bench_memory_bf16]="200 bench_memory_layers bf16"
     [bench_memory_fp32]="200 bench_memory_layers fp32"
+    [bench_pkm_torch_search]="120 bench_pkm_torch_search"
     [train_gpt]="100 train_smoke gpt"
     [train_qlstm]="120 train_smoke qlstm"
     [train_lram_gpt]="100 train_smoke lram_gpt"

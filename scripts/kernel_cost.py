@@ -7,15 +7,18 @@ cuobjdump that ships with Triton, and prints per launch:
   32 blocks, 64K registers, 228 KiB shared memory per SM);
 - the instruction mix of the whole kernel and of its hottest loop (the loop with the largest trip count):
   shuffles (SHFL), barriers (BAR), fences (MEMBAR), atomics (ATOM*/RED*), global loads by width (LDG);
-- for the LRAM lookup kernels, warp-instructions per lookup: every SASS instruction counted once per
-  execution (loops by their trip counts, known from the launch or, for the forward's data-dependent
-  selection loop, the mean over random queries from the reference emulation), summed over the warps of
-  a program and divided by the lookups a program serves; beside it the bytes a lookup must move, and the
-  time per lookup an H100 SXM would need if bound by instruction issue or by HBM bandwidth (a model
-  from spec-sheet numbers, not a measurement).
+- for the memory layers' kernels (LRAM's lookup, PKM's search and bag), warp-instructions per lookup: every
+  SASS instruction counted once per execution (loops by their trip counts, known from the launch or, for the
+  LRAM forward's data-dependent selection loop, the mean over random queries from the reference emulation),
+  summed over the warps of a program and divided by the lookups a program serves (each project's
+  kernel_cost_spec() says what a lookup is); beside it the bytes a lookup must move to or from HBM;
+- then the bound table: per lookup, the time an H100 SXM needs to issue those instructions (132 SMs x 4
+  schedulers x ~1.75 GHz = 0.92e12 warp-instructions/s) and to move those bytes (3.35 TB/s), which of the two
+  bounds the kernel and by what margin (the larger over the smaller): a model from spec-sheet numbers, not a
+  measurement.
 
-    python scripts/kernel_cost.py                                   # LRAM kernels, sm_90
-    python scripts/kernel_cost.py --project lram_gpt --project pkm_gpt --csv costs.csv
+    python scripts/kernel_cost.py                                   # LRAM and PKM kernels, sm_90
+    python scripts/kernel_cost.py --project lram_gpt --csv costs.csv
     python scripts/kernel_cost.py --csv projects/lram_gpt/kernel_cost.csv   # the committed table
 
 Branches inside a loop count both sides (an upper bound); a loop the spec below does not know counts once.
@@ -34,11 +37,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compile_kernels  # noqa: E402  (a sibling script, not a package)
 
-from languini.flags import Parser
+from languini.flags import Parser  # noqa: E402
 
-# Spec-sheet numbers of an H100 SXM (not measured): 132 SMs x 4 schedulers issuing one warp-instruction per
-# clock at the 1.98 GHz boost clock; 3.35 TB/s of HBM3.
-H100_WARP_INSTRUCTIONS_PER_S = 132 * 4 * 1.98e9
+# An H100 SXM from its spec sheet (not measured): 132 SMs x 4 schedulers issuing one warp-instruction per clock
+# at ~1.75 GHz (the clock it holds under load, below the 1.98 GHz boost): 0.92e12 warp-instructions/s; 3.35 TB/s
+# of HBM3.
+H100_WARP_INSTRUCTIONS_PER_S = 132 * 4 * 1.75e9
 H100_HBM_BYTES_PER_S = 3.35e12
 # Per-SM limits of sm_80/sm_90 for the occupancy (CUDA occupancy calculator's rules).
 SM_LIMITS = {
@@ -213,6 +217,9 @@ def cost_row(project, launch, arch):
                 "issue_ns_per_lookup": round(per_lookup / H100_WARP_INSTRUCTIONS_PER_S * 1e9, 3),
                 "hbm_ns_per_lookup": round(spec.bytes_per_lookup / H100_HBM_BYTES_PER_S * 1e9, 3),
                 "note": spec.note}
+        issue, hbm = row["issue_ns_per_lookup"], row["hbm_ns_per_lookup"]
+        row["bound"] = "HBM" if hbm >= issue else "instructions"
+        row["margin"] = round(max(issue, hbm) / max(min(issue, hbm), 1e-9), 2)
     return row
 
 
@@ -221,7 +228,7 @@ COLUMNS = ["project", "kernel", "triton", "arch", "pointers", "values", "constan
            "occupancy", "sass", "loops", "kernel_shfl", "kernel_bar", "kernel_membar", "kernel_atomics", "kernel_ldg",
            "hot_loop", "hot_shfl", "hot_bar", "hot_membar", "hot_atomics", "hot_ldg", "lookups_per_program",
            "loop_trips", "warp_instr_per_lookup", "bytes_per_lookup", "instr_per_byte", "issue_ns_per_lookup",
-           "hbm_ns_per_lookup", "note"]
+           "hbm_ns_per_lookup", "bound", "margin", "note"]
 
 
 def print_table(rows):
@@ -248,10 +255,31 @@ def print_table(rows):
               f"{row.get('issue_ns_per_lookup', '-'):>9}{row.get('hbm_ns_per_lookup', '-'):>8}  {row['constants']}")
 
 
+def print_bounds(rows):
+    """Per lookup: instruction time and memory time at H100 numbers, which bounds the kernel and by how much."""
+    rows = [row for row in rows if "bound" in row]
+    if not rows:
+        return
+    print(f"\nWhat bounds each memory-layer kernel on an H100 SXM (model: {H100_WARP_INSTRUCTIONS_PER_S / 1e12:.2f}e12 "
+          f"warp-instructions/s, {H100_HBM_BYTES_PER_S / 1e12:.2f} TB/s; per lookup; margin = the larger time over "
+          f"the smaller)")
+    header = (f"{'kernel':<40}{'values':<7}{'instr/lookup':>13}{'bytes/lookup':>13}{'instr ns':>9}{'HBM ns':>8}"
+              f"  {'bound':<13}{'margin':>6}  constants")
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(f"{row['project'] + '.' + row['kernel']:<40}{row['values']:<7}{row['warp_instr_per_lookup']:>13}"
+              f"{row['bytes_per_lookup']:>13}{row['issue_ns_per_lookup']:>9}{row['hbm_ns_per_lookup']:>8}  "
+              f"{row['bound']:<13}{row['margin']:>6}  {row['constants']}")
+    notes = sorted({f"{row['project']}.{row['kernel']}: {row['note']}" for row in rows if row.get("note")})
+    if notes:
+        print("what a lookup is and what the counts assume:\n  " + "\n  ".join(notes))
+
+
 def main(argv=None):
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--project", choices=compile_kernels.PROJECTS, action="append",
-                        help="project whose kernels to cost; repeat for several (default: lram_gpt)")
+                        help="project whose kernels to cost; repeat for several (default: lram_gpt and pkm_gpt)")
     parser.add_argument("--arch", type=int, choices=sorted(SM_LIMITS), default=90,
                         help="compute capability as one number (default 90: H100/H200)")
     parser.add_argument("--csv", type=Path, help="also write the table to this CSV file")
@@ -261,13 +289,14 @@ def main(argv=None):
 
     compile_kernels.prepare_compiling()
     rows = []
-    for project in args.project or ["lram_gpt"]:
+    for project in args.project or ["lram_gpt", "pkm_gpt"]:
         print(f"{project}: recording its kernel launches under the interpreter", file=sys.stderr, flush=True)
         launches = compile_kernels.recorded_launches(project)
         print(f"{project}: compiling and disassembling {len(launches)} launches for sm_{args.arch}", file=sys.stderr,
               flush=True)
         rows += [cost_row(project, launch, args.arch) for launch in launches]
     print_table(rows)
+    print_bounds(rows)
     if args.csv:
         append = args.append and args.csv.exists()
         with open(args.csv, "a" if append else "w", newline="") as file:

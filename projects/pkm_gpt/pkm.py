@@ -7,7 +7,6 @@ N = n_keys^2 product keys) are softmax-weighted, and the output is the weighted 
 in one value table of N x v_dim shared by the heads, summed over heads.
 """
 
-import contextlib
 import math
 from dataclasses import dataclass
 
@@ -17,6 +16,7 @@ from torch import nn
 from languini.memory_layers import check_value_grad, query_norm_layer
 from languini.memory_stats import MemoryStats
 from projects.pkm_gpt.ops.embedding_bag import embedding_bag
+from projects.pkm_gpt.ops.product_keys import product_key_topk  # noqa: F401  (also this module's API)
 
 
 @dataclass(frozen=True)
@@ -40,32 +40,6 @@ LRAM_PAPER_PKM = PKMConfig(heads=8, k_dim=64, n_keys=256, knn=32)
 XLM_PKM = PKMConfig(heads=4, k_dim=256, n_keys=512, knn=32)
 
 
-def product_key_topk(queries, sub_keys, knn):
-    """Best `knn` product keys per query and head.
-
-    queries [R, heads, k_dim], sub_keys [heads, 2, n_keys, k_dim // 2] ->
-    scores [R, heads, knn] (descending) and indices [R, heads, knn] with index = i1 * n_keys + i2.
-    """
-    n_keys = sub_keys.shape[2]
-    # Score in at least fp32, also under autocast, so near-ties are ranked by the exact scores.
-    dtype = torch.promote_types(queries.dtype, torch.float32)
-    device_type = queries.device.type
-    # The meta device (used to count FLOPs of big models) has no autocast to switch off. A plain comparison,
-    # not torch.amp.is_autocast_available: torch.compile of torch 2.11 cannot trace that call (graph break).
-    no_autocast = (torch.autocast(device_type=device_type, enabled=False)
-                   if device_type != "meta" else contextlib.nullcontext())
-    with no_autocast:
-        halves = queries.to(dtype).unflatten(-1, (2, -1))  # [R, heads, 2, k_dim/2]
-        half_scores = torch.einsum("rhsd,hsnd->rhsn", halves, sub_keys.to(dtype))  # [R, heads, 2, n_keys]
-    best_half_scores, best_half_indices = half_scores.topk(knn, dim=-1)  # [R, heads, 2, knn]
-    scores1, scores2 = best_half_scores.unbind(dim=2)
-    indices1, indices2 = best_half_indices.unbind(dim=2)
-    candidate_scores = (scores1.unsqueeze(-1) + scores2.unsqueeze(-2)).flatten(-2)  # [R, heads, knn*knn]
-    scores, best = candidate_scores.topk(knn, dim=-1)
-    # the memory indices of the knn winners only, not of all knn*knn candidates (int64 each)
-    return scores, indices1.gather(-1, best // knn) * n_keys + indices2.gather(-1, best % knn)
-
-
 class ProductKeyMemory(nn.Module):
     """[B, T, d_model] -> [B, T, v_dim]. The value table is `values` (see `value_parameters`).
 
@@ -75,10 +49,13 @@ class ProductKeyMemory(nn.Module):
 
     query_norm and value_grad: see languini.memory_layers. While `stats` holds a MemoryStats, every forward
     records its reads (row indices and softmax weights) there.
+
+    use_triton: the kernels (None: when on CUDA) for the bag and the product-key search; `triton_search`
+    (default: as use_triton) picks the search's path alone, e.g. False for torch's top-k (the old baseline).
     """
 
     def __init__(self, d_model, heads=8, k_dim=64, n_keys=256, knn=32, v_dim=None, query_norm="layer",
-                 value_grad="atomic", use_triton=None, sparse_values=False):
+                 value_grad="atomic", use_triton=None, sparse_values=False, triton_search=None):
         super().__init__()
         if k_dim % 2:
             raise ValueError(f"k_dim must be even (it is split into two halves), got {k_dim}")
@@ -89,6 +66,7 @@ class ProductKeyMemory(nn.Module):
         self.v_dim = d_model if v_dim is None else v_dim
         self.num_values = n_keys ** 2
         self.value_grad, self.use_triton, self.sparse_values = value_grad, use_triton, sparse_values
+        self.triton_search = use_triton if triton_search is None else triton_search
 
         self.query_proj = nn.Linear(d_model, heads * k_dim)
         # Layer norm over all heads * k_dim features: the per-token counterpart of XLM's batch norm.
@@ -119,7 +97,7 @@ class ProductKeyMemory(nn.Module):
         """x [B, T, d_model] -> indices [B*T, heads*knn] into `values` and softmax weights of the same shape."""
         queries = self.query_proj(x).flatten(0, -2)  # [B*T, heads*k_dim]
         queries = self.query_norm(queries).unflatten(-1, (self.heads, self.k_dim))
-        scores, indices = product_key_topk(queries, self.sub_keys, self.knn)
+        scores, indices = product_key_topk(queries, self.sub_keys, self.knn, use_triton=self.triton_search)
         weights = torch.softmax(scores.float(), dim=-1)
         return indices.flatten(1), weights.flatten(1)
 

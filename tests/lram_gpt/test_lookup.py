@@ -230,3 +230,96 @@ def test_theta_kernel_bad_input_raises():
         theta_triton(torch.zeros(3, 8), values, SMALL)
     with pytest.raises(ValueError, match="value_grad"):
         theta_triton(torch.zeros(3, 16), values, SMALL, value_grad="scatter")
+
+
+# --- edges: inputs of any finite size, and non-finite ones ------------------------------------------------
+
+def theta_in_float64(z, values, K):
+    """theta by its definition in float64, without the fp32 paths' rescaling: the independent answer for
+    heads whose |z_i| lie within 1e-100..1e100."""
+    z, values = z.double(), values.double()
+    real, imag = z[..., :8], z[..., 8:]
+    scale = 1 / (1 / torch.sqrt(real * real + imag * imag)).sum(-1, keepdim=True)
+    q = torch.atan2(imag, real) * (torch.tensor(K, dtype=torch.float64) / (2 * torch.pi))
+    return scale * naive.interpolate(q, values, K)
+
+
+# |z_i| from 1e-30 to 1e30 (the old kernels: an inf gradient below ~1e-15, a wrong one above ~7e12) and a head
+# whose coordinates span 12 orders of magnitude
+MAGNITUDES = [1e-30, 1e-17, 1.0, 1e13, 1e30, "mixed"]
+
+
+@pytest.mark.parametrize("z_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("path", ["triton", "reference"])
+def test_theta_is_right_for_tiny_and_huge_heads(path, z_dtype, device):
+    K = (8,) * 8
+    g = torch.Generator().manual_seed(13)
+    values = torch.randn(L.memory_size(K), 24, generator=g)
+    for magnitude in MAGNITUDES:
+        z = torch.randn(2, 3, 16, generator=g)
+        if magnitude == "mixed":
+            z[..., :4] *= 1e-12  # z_1..z_4: re 1e-12, im 1
+            z[..., 8:12] *= 1e-12
+        else:
+            z = z * magnitude
+        z = z.to(z_dtype)  # the float64 answer is for these (rounded) inputs
+        size = 1.0 if magnitude == "mixed" else magnitude
+        z_expected = z.double().requires_grad_()
+        v_expected = values.double().requires_grad_()
+        expected = theta_in_float64(z_expected, v_expected, K)
+        grad_out = torch.randn(expected.shape, generator=g, dtype=torch.float64)
+        expected.backward(grad_out)
+        z_, v_ = z.to(device).clone().requires_grad_(), values.to(device).clone().requires_grad_()
+        out = theta(z_, v_, K, use_triton=path == "triton")
+        out.backward(grad_out.to(device, out.dtype))
+        # theta scales with z and its gradient to z does not: compare outputs and value gradients relative to it
+        torch.testing.assert_close(out.double().cpu() / size, expected.detach() / size, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(v_.grad.double().cpu() / size, v_expected.grad / size, atol=1e-5, rtol=1e-5)
+        assert z_expected.grad.abs().max() < 10  # of order 1 at every size
+        tolerance = 1e-4 if z_dtype == torch.float32 else 1e-2  # a bf16 z gets its gradient in bf16
+        torch.testing.assert_close(z_.grad.double().cpu(), z_expected.grad, atol=tolerance, rtol=tolerance,
+                                   msg=lambda text: f"|z| ~ {magnitude}: {text}")
+
+
+@pytest.mark.parametrize("path", ["triton", "reference"])
+def test_non_finite_heads_give_nan_and_read_in_range(path, device):
+    """A NaN or infinite input makes its head read at q = 0 with a NaN scale: NaN output, NaN in the value
+    gradient's rows it read, a zero gradient to its z; the other heads are untouched."""
+    K = SMALL
+    g = torch.Generator().manual_seed(14)
+    z = torch.randn(5, 16, generator=g)
+    z[1, 3], z[3, 12] = float("nan"), float("inf")
+    values = torch.randn(L.memory_size(K), 8, generator=g)
+    z_, v_ = z.to(device).clone().requires_grad_(), values.to(device).clone().requires_grad_()
+    out = theta(z_, v_, K, use_triton=path == "triton")
+    out.backward(torch.ones_like(out))
+    bad = torch.tensor([False, True, False, True, False])
+    assert out[bad.to(device)].isnan().all() and out[~bad.to(device)].isfinite().all()
+    assert torch.equal(z_.grad[bad.to(device)].cpu(), torch.zeros(2, 16))
+    good = ~bad
+    z_good, v_good = z[good].clone().requires_grad_(), values.clone().requires_grad_()
+    out_good = theta(z_good, v_good, K, use_triton=False)
+    out_good.backward(torch.ones_like(out_good))
+    torch.testing.assert_close(out[good.to(device)].cpu(), out_good, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(z_.grad[good.to(device)].cpu(), z_good.grad, atol=1e-4, rtol=1e-4)
+    # the bad heads' rows: those read at q = 0
+    rows_at_zero = naive.lookup(torch.zeros(1, 8), K)[0].unique()
+    nan_rows = v_.grad.isnan().any(-1).nonzero().flatten().cpu()
+    assert torch.equal(nan_rows, rows_at_zero)
+    finite_rows = ~v_.grad.isnan().any(-1).cpu()
+    torch.testing.assert_close(v_.grad.cpu()[finite_rows], v_good.grad[finite_rows], atol=1e-5, rtol=1e-5)
+
+
+def test_non_finite_and_far_queries_in_lattice_coordinates(device):
+    """interpolate_triton / lookup_triton: q NaN, inf or beyond 2^22 give NaN weights and outputs, in-range rows."""
+    K = ODD
+    q = random_queries(6, K, seed=15)
+    q[1, 0], q[2, 5], q[4, 7] = float("nan"), -float("inf"), 3e7
+    index, weight = lookup_triton(q.to(device), K)
+    assert ((index >= 0) & (index < L.memory_size(K))).all()
+    bad = torch.tensor([False, True, True, False, True, False]).to(device)
+    assert weight[bad].isnan().all() and weight[~bad].isfinite().all()
+    values = torch.randn(L.memory_size(K), 16, generator=torch.Generator().manual_seed(16)).to(device)
+    out = interpolate_triton(q.to(device), values, K)
+    assert out[bad].isnan().all()
+    torch.testing.assert_close(out[~bad], naive.interpolate(q.to(device)[~bad], values, K), atol=1e-5, rtol=1e-5)

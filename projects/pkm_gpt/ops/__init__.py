@@ -1,4 +1,5 @@
-"""The Triton ops of pkm_gpt (embedding_bag/); kernel_scenarios() launches their kernels as the model does."""
+"""The Triton ops of pkm_gpt (embedding_bag/, product_keys/); kernel_scenarios() launches their kernels as the
+model does, and kernel_cost_spec() tells scripts/kernel_cost.py what a launch costs per lookup."""
 
 
 def kernel_scenarios():
@@ -8,14 +9,68 @@ def kernel_scenarios():
     import torch
 
     from languini.kernel_scenarios import forward_backward
+    from projects.pkm_gpt.ops.product_keys.triton import product_key_topk_triton
     from projects.pkm_gpt.pkm import LRAM_PAPER_PKM, ProductKeyMemory
 
-    # Every value width >= 128 launches with BLOCK_DIM = 128, as this one does.
+    # Every value width >= 128 launches with BLOCK_DIM = 128, as this one does. The search is launched on its own
+    # below (one head: the interpreter takes seconds per program of it, and heads do not change its code).
     for values_dtype in (torch.float32, torch.bfloat16):
         for value_grad, sparse in (("atomic", False), ("segment", False), ("segment", True)):
             config = dataclasses.replace(LRAM_PAPER_PKM, value_grad=value_grad, sparse_values=sparse)
             layer = ProductKeyMemory.from_config(128, config, use_triton=True)
+            layer.triton_search = False
             layer.values.data = layer.values.data.to(values_dtype)
             x = torch.randn(1, 1, 128)
             yield (f"values {values_dtype}, {value_grad}, sparse={sparse}",
                    lambda layer=layer, x=x: forward_backward(layer, x, autocast=True))
+    # the model's queries come out of a layer norm in fp32 (also under autocast); the sub-keys are fp32. The LRAM
+    # paper's sizes only: XLM's (k_dim 256, n_keys 512) take a minute to record and compile, too long for CI
+    config = LRAM_PAPER_PKM
+    queries = torch.randn(1, 1, config.k_dim, requires_grad=True)
+    sub_keys = torch.randn(1, 2, config.n_keys, config.k_dim // 2, requires_grad=True)
+
+    def search():
+        scores, _ = product_key_topk_triton(queries, sub_keys, config.knn)
+        scores.sum().backward()
+
+    yield "product-key search, the LRAM paper's sizes", search
+
+
+# What scripts/kernel_cost.py counts as one lookup: one head of one token reading its knn value rows, as LRAM's
+# lookup is one head reading its 32 rows; at the LRAM paper's PKM (8 heads, knn 32) and a width of 768.
+COST_HEADS, COST_KNN, COST_WIDTH = 8, 32, 768
+
+
+def kernel_cost_spec(kernel, constants, signature, spec):
+    """Lookups per program, loop trip counts and HBM bytes per lookup of a launch (scripts/kernel_cost.py)."""
+    value_bytes = {"*bf16": 2, "*fp16": 2}.get(signature.get("values_ptr"), 4)
+    rows_bytes = COST_KNN * COST_WIDTH * value_bytes  # a lookup's knn rows of the value table
+    entries = COST_HEADS * COST_KNN  # one token's bag: every head's knn rows
+    if kernel in ("pkm_bag_fwd_kernel", "pkm_bag_value_grad_atomic_kernel"):
+        # a program: one token's bag (all heads) x BLOCK_DIM columns, its loop BLOCK_BAG rows per trip
+        lookups = COST_HEADS * constants["BLOCK_DIM"] / COST_WIDTH
+        moved = rows_bytes * (1 if kernel == "pkm_bag_fwd_kernel" else 2 * 4 / value_bytes)  # atomics: read + write fp32
+        moved += COST_KNN * 12 + COST_WIDTH * 4 / COST_HEADS  # indices and weights in, its share of the output row
+        return spec(lookups, [entries // constants["BLOCK_BAG"]], moved,
+                    f"a lookup: one head's {COST_KNN} rows at width {COST_WIDTH} (LRAM paper's PKM: "
+                    f"{COST_HEADS} heads)")
+    if kernel == "pkm_bag_weight_grad_kernel":  # a program: BLOCK_BAG slots x every column, BLOCK_DIM per trip
+        return spec(constants["BLOCK_BAG"] / COST_KNN, [COST_WIDTH // constants["BLOCK_DIM"]],
+                    rows_bytes + COST_KNN * 12 + COST_WIDTH * 4 / COST_HEADS)
+    if kernel == "pkm_bag_value_grad_segment_kernel":
+        # a program: one table row's entries x BLOCK_DIM columns; about BLOCK_ENTRIES entries per row read (2^16
+        # rows, 8,192 tokens x 256 entries), so one loop trip; each entry reads its token's gradient row
+        lookups = constants["BLOCK_ENTRIES"] / COST_KNN * constants["BLOCK_DIM"] / COST_WIDTH
+        moved = COST_KNN * COST_WIDTH * 4 + COST_WIDTH * 4 + COST_KNN * 16  # gradient rows in; a table row out
+        return spec(lookups, [1], moved, "about 32 entries per table row read (8,192 tokens, 2^16 rows), each "
+                                         "reading its token's gradient row")
+    if kernel == "pkm_search_fwd_kernel":  # straight-line code: BLOCK queries of one head per program
+        half, knn = constants["HALF"], constants["KNN"]
+        return spec(constants["BLOCK"], [], 2 * half * 4 + knn * 12,
+                    "HBM bytes: query in, scores and indices out; the sub-keys and the scratch stay in L2")
+    if kernel == "pkm_search_bwd_kernel":
+        half, knn = constants["HALF"], constants["KNN"]
+        return spec(constants["BLOCK"], [knn], 2 * half * 4 * 2 + knn * 12,
+                    "HBM bytes: query, indices, score gradients in, query gradient out; the sub-keys' "
+                    "gradient takes atomic adds in L2")
+    return None

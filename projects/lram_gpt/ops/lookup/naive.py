@@ -79,21 +79,49 @@ def weighted_read(index: torch.Tensor, weight: torch.Tensor, table: torch.Tensor
     return read.view(*index.shape[:-1], table.shape[1])
 
 
+def head_scale(z: torch.Tensor) -> torch.Tensor:
+    """c [..., 1]: the largest power of two <= the head's largest |input| (1 for a head of zeros), as a constant.
+
+    theta is homogeneous (theta(c w) = c theta(w)), so the torus query runs on w = z / c, whose inputs are at most
+    2 in size: no square or cube of |z_i| over- or underflows for any finite z, forward or backward.
+    """
+    largest = z.detach().abs().amax(-1, keepdim=True)
+    c = torch.exp2(torch.floor(torch.log2(largest)))
+    return torch.where(largest > 0, c, torch.ones_like(c))
+
+
 def torus_query(z: torch.Tensor, K):
     """Harmonic scale [..., 1] and lattice coordinates q [..., 8] of heads z [..., 16] (float32 or wider).
 
-    q_i = K_i / (2 pi) * arg z_i. A z_i that is exactly 0 gets arg 0 and modulus sqrt(tiny), so the scale
-    (and theta) is ~0 there with finite gradients instead of NaN.
+    q_i = K_i / (2 pi) * arg z_i, scale = 1 / sum_i 1/|z_i|, computed on w = z / c (head_scale) as
+    scale = c * m / sum_i (m / |w_i|), m = min_i |w_i| (a constant: the expression does not depend on it), so
+    the gradient is finite and right for every finite z. A w_i closer to 0 than sqrt(tiny) (2^-63 in fp32) is
+    read on the circle of that radius at its own angle (arg 0 at exactly 0), gradient included (straight
+    through), so the scale (and theta) is ~0 there with finite gradients instead of NaN.
+    A head with a NaN or infinite input reads at q = 0 with scale NaN: its output is NaN, its rows stay in
+    range, and its z gets a zero gradient (the kernels do the same).
     """
     if z.shape[-1] != HEAD_INPUTS:
         raise ValueError(f"each head needs 16 inputs (re_1..re_8, im_1..im_8), got shape {tuple(z.shape)}")
     z = z.to(torch.promote_types(z.dtype, torch.float32))
-    real, imag = z[..., :DIM], z[..., DIM:]
-    squared = real * real + imag * imag
-    at_zero = squared == 0
-    modulus = torch.sqrt(squared.clamp_min(torch.finfo(z.dtype).tiny))
-    scale = 1 / (1 / modulus).sum(-1, keepdim=True)
-    angle = torch.atan2(imag, torch.where(at_zero, torch.ones_like(real), real))
+    finite = torch.isfinite(z).all(-1, keepdim=True)
+    z = torch.where(finite, z, torch.zeros_like(z))
+    c = head_scale(z)
+    w = z / c  # exact: c is a power of two
+    real, imag = w[..., :DIM], w[..., DIM:]
+    floor = math.sqrt(torch.finfo(z.dtype).tiny)
+    modulus = torch.hypot(real, imag).detach()
+    below = modulus < floor
+    # the point on the floor circle at the same angle (the branch not taken may divide 0 by 0: no gradient)
+    unit_real = torch.where(modulus > 0, real.detach() / modulus, torch.ones_like(real))
+    unit_imag = torch.where(modulus > 0, imag.detach() / modulus, torch.zeros_like(imag))
+    real = real + torch.where(below, floor * unit_real - real, torch.zeros_like(real)).detach()
+    imag = imag + torch.where(below, floor * unit_imag - imag, torch.zeros_like(imag)).detach()
+    modulus = torch.hypot(real, imag)
+    smallest = modulus.detach().amin(-1, keepdim=True)
+    scale = c * smallest / (smallest / modulus).sum(-1, keepdim=True)
+    scale = torch.where(finite, scale, torch.full_like(scale, math.nan))
+    angle = torch.atan2(imag, real)
     periods = torch.tensor(check_torus(K), dtype=z.dtype, device=z.device)
     return scale, angle * (periods / (2 * math.pi))
 

@@ -2,7 +2,12 @@
 
 One program of one warp serves one lookup (a token's head), so no step needs more than the warp:
 1. torus query (fused): the head's 16 inputs z give the harmonic scale s and q_i = K_i / (2 pi) arg z_i
-   (arg by a polynomial: the interpreter has no atan2); or q is given (interpolate_triton, lookup_triton).
+   (arg by a polynomial: the interpreter has no atan2), computed on z / c for a power of two c near the
+   head's largest input, so that forward and backward are finite and right for every finite z (as
+   naive.torus_query); or q is given (interpolate_triton, lookup_triton).
+   A head with a NaN or infinite input (a given q: also one beyond +-2^22) is read at q = 0 with s = NaN: its
+   output is NaN, the value gradient NaN in the rows it read, its z gradient 0; no row outside [0, N) is
+   ever read or written, and no check stops the GPU to look (tests/lram_gpt/test_lookup.py).
 2. the nearest lattice point c and the signed permutation into the fundamental region F (paper 2.6), z_F,
    one coordinate per lane; its results go through a small per-lookup scratch in memory (a store to the
    permuted address is the permutation, and memory keeps the compiler from recomputing this part in the
@@ -22,9 +27,10 @@ gathers the k rows once for a_k = g . v_k and returns
     dL/ds   = sum_k u_k^4 a_k
     dL/dv_k += s u_k^4 g                             by relaxed atomics ("atomic"), or without per-entry atomics
                                                      ("segment"): entries sorted by int32 memory index, each
-                                                     chunk of 32 sorted entries sums its runs in order and
-                                                     stores them, runs cut by a chunk's edge are added
-                                                     atomically. No host synchronisation on the dense path.
+                                                     block of 32 sorted entries sums its runs at once (a
+                                                     segmented scan) and stores them, runs cut by a block's
+                                                     edge are added atomically. No host synchronisation on
+                                                     the dense path.
 With sparse=True the value gradient is a sparse COO tensor of the rows read (the segment sums written
 compactly; the number of rows read is the one host synchronisation of that path).
 scripts/kernel_cost.py prints what each kernel costs per lookup (projects/lram_gpt/kernel_cost.csv).
@@ -56,7 +62,11 @@ COORDS = tl.constexpr(DIM)  # compiled kernels may read a global only if it is a
 FIRST_PROBE = tl.constexpr(8.0)  # d2 = 8 is the kernel's support: ~65 points lie below it (paper Table 1)
 PROBE_CEILING = tl.constexpr(40.0)  # above every candidate's d2 (|z_F| <= 2, |p| <= 4), below the padding's
 PADDING_D2 = 1e30
-TINY = tl.constexpr(torch.finfo(torch.float32).tiny)
+TINY = tl.constexpr(torch.finfo(torch.float32).tiny)  # 2^-126; w_i is read at least sqrt(TINY) = 2^-63 from 0
+FLOOR_INVERSE = tl.constexpr(2.0**63)
+LIFT = tl.constexpr(2.0**64)
+INFINITY = tl.constexpr(float("inf"))
+Q_LIMIT = tl.constexpr(2.0**22)  # lattice coordinates beyond it (4 million periods) read as NaN: see lookup_fwd
 PI = tl.constexpr(math.pi)
 HALF_PI = tl.constexpr(math.pi / 2)
 # atan(a) / a as a polynomial in a^2 on [0, 1]: a least-squares fit, max error 1e-7 rad in fp32 arithmetic.
@@ -99,14 +109,33 @@ def _nearest_d8(y, cols):
 
 
 @triton.jit
-def _torus_query(z_ptr, freq_ptr, row, cols):
-    """Harmonic scale and lattice coordinates q [8] of one head's 16 inputs, as naive.torus_query."""
+def _head_inputs(z_ptr, row, cols):
+    """One head's 16 inputs as w = z / c (naive.head_scale: c a power of two, so w is exact and at most 2 in
+    size, whatever finite z is), and whether all 16 are finite. Returns (re, im, c, valid)."""
     re = tl.load(z_ptr + row * (2 * COORDS) + cols).to(tl.float32)
     im = tl.load(z_ptr + row * (2 * COORDS) + COORDS + cols).to(tl.float32)
+    finite = (tl.abs(re) < INFINITY) & (tl.abs(im) < INFINITY)  # NaN compares false
+    valid = tl.sum(finite.to(tl.int32), axis=0) == COORDS
+    largest = tl.max(tl.maximum(tl.abs(re), tl.abs(im)), axis=0)
+    # c = 2^e from the exponent bits, within [2^-126, 2^126] so that 1/c is a normal float too
+    exponent = tl.minimum(tl.maximum(largest.to(tl.int32, bitcast=True) & 0x7F800000, 1 << 23), 253 << 23)
+    inverse = ((254 << 23) - exponent).to(tl.float32, bitcast=True)
+    return re * inverse, im * inverse, exponent.to(tl.float32, bitcast=True), valid
+
+
+@triton.jit
+def _torus_query(z_ptr, freq_ptr, row, cols):
+    """Harmonic scale and lattice coordinates q [8] of one head's 16 inputs, as naive.torus_query; a head with a
+    non-finite input gets q = 0 and scale NaN."""
+    re, im, c, valid = _head_inputs(z_ptr, row, cols)
     squared = re * re + im * im
-    scale = tl.fdiv(1.0, tl.sum(tl.math.rsqrt(tl.maximum(squared, TINY)), axis=0))
-    angle = _atan2(im, tl.where(squared == 0.0, 1.0, re))
-    return scale, angle * tl.load(freq_ptr + cols)
+    scale = c * tl.fdiv(1.0, tl.sum(tl.math.rsqrt(tl.maximum(squared, TINY)), axis=0))
+    # a w_i below the floor (sqrt(tiny)): its angle from w_i * 2^64 (exact), where no division flushes it
+    lift = tl.where(squared < TINY, LIFT, 1.0)
+    angle = _atan2(im * lift, tl.where(squared == 0.0, 1.0, re * lift))
+    q = tl.where(valid, angle * tl.load(freq_ptr + cols), 0.0)
+    # inf - inf is NaN: a NaN global would break the JIT's cache check (NaN != NaN)
+    return tl.where(valid, scale, INFINITY - INFINITY), q
 
 
 @triton.jit
@@ -121,10 +150,13 @@ def lram_lookup_fwd_kernel(
     cols = tl.arange(0, COORDS)
     if FROM_Q:
         q = tl.load(x_ptr + row * COORDS + cols)
+        # beyond Q_LIMIT (or NaN, inf) the reduction below would not be exact: read at 0 with scale NaN
+        valid = tl.sum((tl.abs(q) <= Q_LIMIT).to(tl.int32), axis=0) == COORDS
+        q = tl.where(valid, q, 0.0)
         # into [-K/2, K/2] (exactly: minus an integer), as the torus query's are; a lattice translation
         period = 2.0 * tl.load(half_periods_ptr + cols).to(tl.float32)
         q = q - period * tl.floor(q * tl.fdiv(1.0, period) + 0.5)
-        scale = 1.0
+        scale = tl.where(valid, 1.0, INFINITY - INFINITY)  # NaN
     else:
         scale, q = _torus_query(x_ptr, freq_ptr, row, cols)
 
@@ -227,6 +259,8 @@ def lram_lookup_fwd_kernel(
     diff = tl.load(place + cols)[None, :] - p
     u = tl.maximum(1.0 - tl.sum(diff * diff, axis=1) * 0.125, 0.0)
     weight = tl.where(slot_ok, (u * u) * (u * u), 0.0)
+    if FROM_Q:  # lookup_triton's weights: NaN for a query read as invalid (scale is 1 otherwise)
+        weight = weight * scale
     coords = tl.load(place + COORDS + cols)[None, :] + tl.load(place + 2 * COORDS + cols)[None, :] * p
     parity = tl.sum(tl.where(cols[None, :] == 0, coords, 0.0), axis=1)  # all coordinates share it
     parity = parity - 2.0 * tl.floor(parity * 0.5)
@@ -296,13 +330,14 @@ def lram_lookup_bwd_kernel(
     if GRAD_X:
         tl.debug_barrier()
         along = tl.load(along_ptr + row * TOPK + slots, mask=slot_ok, other=0.0)
-        grad_zf = -tl.sum((scale * along * (u * u * u))[:, None] * diff, axis=0)
+        # dL/dz_F / s: the scale enters below as a ratio, so no product of it over- or underflows
+        grad_zf = -tl.sum((along * (u * u * u))[:, None] * diff, axis=0)
         frame = tl.load(frame_ptr + row)
         position = (frame >> (3 * cols)) & 7
         sign = tl.where(((frame >> (24 + cols)) & 1) != 0, -1.0, 1.0)
         grad_q = sign * tl.sum(tl.where(position[:, None] == cols[None, :], grad_zf[None, :], 0.0), axis=1)
         if FROM_Q:
-            tl.store(grad_x_ptr + row * COORDS + cols, grad_q)
+            tl.store(grad_x_ptr + row * COORDS + cols, scale * grad_q)
         else:
             grad_scale = tl.sum(weight * along, axis=0)  # dL/ds = g . phi
             # through memory, so that the torus part runs one coordinate per lane (see the forward)
@@ -310,20 +345,32 @@ def lram_lookup_bwd_kernel(
             tl.debug_barrier()
             grad_q = tl.load(grad_x_ptr + row * (2 * COORDS) + cols)
             tl.debug_barrier()
-            re = tl.load(x_ptr + row * (2 * COORDS) + cols).to(tl.float32)
-            im = tl.load(x_ptr + row * (2 * COORDS) + COORDS + cols).to(tl.float32)
+            # on w = z / c as the forward (naive.torus_query): with rho_i = max(|w_i|, 2^-63), (cos_i, sin_i) the
+            # direction of w_i and r_i = s / (c rho_i) <= 1, ds/d(re_i, im_i) = r_i^2 (cos_i, sin_i) and
+            # s dq_i/d(re_i, im_i) = s K_i/(2 pi) (-sin_i, cos_i) / (c rho_i): bounded for every finite z
+            re, im, c, valid = _head_inputs(x_ptr, row, cols)
             squared = re * re + im * im
-            modulus = tl.sqrt(tl.maximum(squared, TINY))
-            at_zero = squared == 0.0
-            re_arg = tl.where(at_zero, 1.0, re)
-            # s = 1 / sum(1 / |z_i|), |z_i| = sqrt(max(re^2 + im^2, tiny)); q_i = K_i/(2 pi) atan2(im, re')
-            grad_squared = tl.where(squared >= TINY,
-                                    grad_scale * scale * scale / (2.0 * modulus * modulus * modulus), 0.0)
-            grad_angle = grad_q * tl.load(freq_ptr + cols) / (re_arg * re_arg + im * im)
-            grad_re = 2.0 * re * grad_squared - tl.where(at_zero, 0.0, grad_angle * im)
-            grad_im = 2.0 * im * grad_squared + grad_angle * re_arg
+            lift = squared < TINY
+            re = tl.where(lift, re * LIFT, re)
+            im = tl.where(lift, im * LIFT, im)
+            lifted = re * re + im * im
+            direction = tl.math.rsqrt(tl.where(lifted == 0.0, 1.0, lifted))
+            cos = tl.where(lifted == 0.0, 1.0, re * direction)
+            sin = im * direction
+            inverse_rho = tl.where(lift, FLOOR_INVERSE, direction)
+            ratio = inverse_rho * tl.fdiv(1.0, tl.sum(inverse_rho, axis=0))
+            radial = grad_scale * ratio * ratio
+            angular = grad_q * tl.load(freq_ptr + cols) * ratio
+            grad_re = tl.where(valid, radial * cos - angular * sin, 0.0)
+            grad_im = tl.where(valid, radial * sin + angular * cos, 0.0)
             tl.store(grad_x_ptr + row * (2 * COORDS) + cols, grad_re)
             tl.store(grad_x_ptr + row * (2 * COORDS) + COORDS + cols, grad_im)
+
+
+@triton.jit
+def _segmented_add(value_a, start_a, value_b, start_b):
+    """The combine of a segmented sum: b's run began at or after a's end, so it does not add a."""
+    return tl.where(start_b != 0, value_b, value_a + value_b), start_a | start_b
 
 
 @triton.jit
@@ -331,38 +378,36 @@ def lram_lookup_segment_sum_kernel(
     sorted_index_ptr, order_ptr, slot_weight_ptr, grad_out_ptr, target_ptr, grad_values_ptr, n_entries,
     M: tl.constexpr, M_PAD: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr, COMPACT: tl.constexpr,
 ):
-    """Sums s u^4 g over the runs of equal memory index in one chunk of the sorted (row, slot) entries, in order.
+    """Sums s u^4 g over the runs of equal memory index in one block of the sorted (row, slot) entries, in one
+    pass: the block's [BLOCK, m] contributions, a segmented scan along the entries, a store at each run's end.
 
-    A run that starts and ends in the chunk is stored (its row has no other writer); one cut by the chunk's
+    A run that starts and ends in the block is stored (its row has no other writer); one cut by the block's
     edge is added atomically, so the dense gradient must start at zero."""
     start = tl.program_id(0) * BLOCK
-    end = tl.minimum(start + BLOCK, n_entries)
+    entries = start + tl.arange(0, BLOCK)
+    ok = entries < n_entries
     value_cols = tl.arange(0, M_PAD)
     value_ok = value_cols < M
-    run = tl.load(sorted_index_ptr + start)
-    whole = (run != tl.load(sorted_index_ptr + start - 1, mask=start > 0, other=-1)).to(tl.int32)  # began here
-    run_start = start
-    acc = tl.zeros((M_PAD,), tl.float32)
-    for e in range(start, end):
-        index = tl.load(sorted_index_ptr + e)
-        if index != run:  # the run ended at e - 1, inside the chunk
-            target = tl.load(target_ptr + run_start).to(tl.int64) if COMPACT else run.to(tl.int64)
-            tl.store(grad_values_ptr + target * M + value_cols, acc, mask=value_ok & (value_cols * 0 + whole != 0))
-            tl.atomic_add(grad_values_ptr + target * M + value_cols, acc, mask=value_ok & (value_cols * 0 + whole == 0),
-                          sem="relaxed")
-            acc = tl.zeros((M_PAD,), tl.float32)
-            run = index
-            run_start = e
-            whole = 1
-        entry = tl.load(order_ptr + e)
-        grad = tl.load(grad_out_ptr + (entry // TOPK) * M + value_cols, mask=value_ok, other=0.0).to(tl.float32)
-        acc += tl.load(slot_weight_ptr + entry) * grad
-    ends_here = run != tl.load(sorted_index_ptr + end, mask=end < n_entries, other=-1)
-    whole = whole * ends_here.to(tl.int32)
-    target = tl.load(target_ptr + run_start).to(tl.int64) if COMPACT else run.to(tl.int64)
-    tl.store(grad_values_ptr + target * M + value_cols, acc, mask=value_ok & (value_cols * 0 + whole != 0))
-    tl.atomic_add(grad_values_ptr + target * M + value_cols, acc, mask=value_ok & (value_cols * 0 + whole == 0),
-                  sem="relaxed")
+    index = tl.load(sorted_index_ptr + entries, mask=ok, other=-1)
+    following = tl.load(sorted_index_ptr + entries + 1, mask=entries + 1 < n_entries, other=-1)
+    entry = tl.load(order_ptr + entries, mask=ok, other=0)
+    weight = tl.load(slot_weight_ptr + entry, mask=ok, other=0.0)
+    grad = tl.load(grad_out_ptr + (entry // TOPK).to(tl.int64)[:, None] * M + value_cols[None, :],
+                   mask=ok[:, None] & value_ok[None, :], other=0.0).to(tl.float32)
+    # a run starts where the index changes; the block's first entry starts its part of a run
+    preceding = tl.load(sorted_index_ptr + entries - 1, mask=ok & (entries > start), other=-1)
+    starts = tl.broadcast_to(((index != preceding) | (entries == start)).to(tl.int32)[:, None], (BLOCK, M_PAD))
+    sums, _ = tl.associative_scan((weight[:, None] * grad, starts), axis=0, combine_fn=_segmented_add)
+    # the run of the block's first entry may have begun in the block before; the last run may go on after it
+    first = tl.load(sorted_index_ptr + start)
+    began_before = (first == tl.load(sorted_index_ptr + tl.maximum(start - 1, 0))).to(tl.int32) * (start > 0)
+    ends = ok & ((index != following) | (entries == start + BLOCK - 1))
+    # no other block holds this run (began_before as a vector: the interpreter mishandles a scalar in a mask)
+    alone = (index != following) & ((index != first) | ((index * 0 + began_before) == 0))
+    target = tl.load(target_ptr + entries, mask=ok, other=0).to(tl.int64) if COMPACT else index.to(tl.int64)
+    pointers = grad_values_ptr + target[:, None] * M + value_cols[None, :]
+    tl.store(pointers, sums, mask=(ends & alone)[:, None] & value_ok[None, :])
+    tl.atomic_add(pointers, sums, mask=(ends & (alone == 0))[:, None] & value_ok[None, :], sem="relaxed")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -475,8 +520,8 @@ def _lookup_fwd_op(x_rows: torch.Tensor, values: torch.Tensor, K: list[int], top
                    out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                                     torch.Tensor, torch.Tensor]:
     out, cand, index, _, zf, frame, scale = lookup_fwd(x_rows, values, tuple(K), topk, from_q, True, save, out_dtype)
-    if not save:  # a custom op returns tensors: empty ones stand for nothing saved
-        zf = frame = scale = x_rows.new_empty(0)
+    if not save:  # a custom op returns tensors, none aliasing another: empty ones stand for nothing saved
+        zf, frame, scale = (x_rows.new_empty(0) for _ in range(3))
     return out, cand, index, zf, frame, scale
 
 
@@ -682,9 +727,10 @@ def cost_spec(kernel, constants, signature, spec):
     if kernel == "lram_lookup_bwd_kernel":
         moved = topk * m * value_bytes * constants["GRAD_X"] + topk * m * 4 * constants["GRAD_VALUES_ATOMIC"]
         moved += 16 * 8 + m * 2 + topk * 6 + 40 + topk * 4 * (1 + constants["GRAD_X"])
-        return spec(1, [triton.next_power_of_2(topk) // constants["CHUNK"]], moved)
+        return spec(1, [triton.next_power_of_2(topk) // constants["CHUNK"]], moved,
+                    f"a lookup: one head reading its {topk} rows of m = {m} values")
     if kernel == "lram_lookup_segment_sum_kernel":  # per lookup: its TOPK entries; a row's gradient is written about once
         per_entry = m * 4 + 4 + 8 + 4 + 4 * constants["COMPACT"]
-        return spec(constants["BLOCK"] / topk, [constants["BLOCK"]], topk * per_entry + topk * m * 4,
-                    "entries summed in order, one loop trip each")
+        return spec(constants["BLOCK"] / topk, [], topk * per_entry + topk * m * 4,
+                    "a block of entries summed at once (straight-line code)")
     return None
