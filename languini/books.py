@@ -21,6 +21,7 @@ import functools
 import hashlib
 import json
 import os
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,10 +103,22 @@ def _warn_list_length(book: Book, tokens: int) -> None:
                   f"{folder}.", ListLengthWarning, stacklevel=3)
 
 
+# numpy parses .npy headers with ast.literal_eval, which CPython 3.11 and 3.12 do not make thread-safe ("AST
+# constructor recursion depth mismatch" when two threads parse at once: the batch prefetch, an evaluation, the data
+# check's readers): every header of the kitchen is parsed under this lock.
+NPY_HEADER_LOCK = threading.Lock()
+
+
+def load_npy(path: Path, mmap_mode: str | None = None) -> np.ndarray:
+    """np.load with its header parsed under NPY_HEADER_LOCK (a memory map is made at once; reading it is free)."""
+    with NPY_HEADER_LOCK:
+        return np.load(path, mmap_mode=mmap_mode)
+
+
 def token_count(path: Path) -> int:
     """Tokens in a book's .npy file, read from its header alone."""
     try:
-        with open(path, "rb") as f:
+        with NPY_HEADER_LOCK, open(path, "rb") as f:
             version = np.lib.format.read_magic(f)
             read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                            else np.lib.format.read_array_header_2_0)
@@ -166,7 +179,7 @@ class BooksDataset:
         if split not in self._books:
             path = self.list_dir / split_file_name(split)
             try:
-                rows = np.load(path)
+                rows = load_npy(path)
             except Exception as e:  # numpy raises several types for truncated or foreign files
                 raise DataError(f"Cannot read {path} ({e}); prepare the dataset again.") from e
             if rows.ndim != 2 or rows.shape[1] != 2:
@@ -229,7 +242,7 @@ class Stream:
     def _book(self, i: int) -> np.ndarray:
         if self._open is None or self._open[0] != i:
             try:
-                tokens = np.load(self.books[i].path, mmap_mode="r")
+                tokens = load_npy(self.books[i].path, mmap_mode="r")
             except Exception as e:
                 raise DataError(f"Cannot read {self.books[i].path} ({e}); prepare the dataset again.") from e
             self._open = (i, tokens)

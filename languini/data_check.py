@@ -17,7 +17,7 @@ import numpy as np
 import torch.distributed as dist
 from tqdm import tqdm
 
-from languini.books import INTEGRITY_FILE, Book, BooksDataset, DataError, file_list_digest
+from languini.books import INTEGRITY_FILE, NPY_HEADER_LOCK, Book, BooksDataset, DataError, file_list_digest, load_npy
 
 MAX_LISTED = 10  # bad files named in the error; the rest are counted
 
@@ -29,7 +29,7 @@ def eval_splits(dataset: BooksDataset) -> list[str]:
 
 def _header(path) -> tuple[tuple, np.dtype, int]:
     """(shape, dtype, bytes the file must have) from a .npy header, without reading the data."""
-    with open(path, "rb") as f:
+    with NPY_HEADER_LOCK, open(path, "rb") as f:  # the checking threads take turns at headers
         version = np.lib.format.read_magic(f)
         read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         shape, _, dtype = read(f)
@@ -52,7 +52,7 @@ def check_book(book: Book, vocab_size: int, read_tokens: bool, sha256: str | Non
         return f"is truncated: {actual:,} bytes where its header promises {size:,}", None
     warning = None if shape[0] == book.list_length else f"{shape[0]:,} tokens where the file list says {book.list_length:,}"
     if read_tokens and shape[0]:
-        tokens = np.load(book.path, mmap_mode="r")
+        tokens = load_npy(book.path, mmap_mode="r")
         low, high = int(tokens.min()), int(tokens.max())
         if high >= vocab_size or low < 0:
             return (f"holds token id {high if high >= vocab_size else low}, outside the vocab 0..{vocab_size - 1}: "
