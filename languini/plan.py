@@ -49,6 +49,9 @@ BUSY_SPREAD = 0.5  # (slowest - fastest) / median of the timed steps above which
 # A forward pass costs a third of a training step (the paper's FLOPs convention: backward = 2 forwards), so
 # evaluation is planned at three times the training throughput.
 EVAL_SPEEDUP = 3
+# A stateful model's slow evaluation reads each split as one stream at batch 1, which on the development CPU ran at
+# about the training throughput (a qLSTM, 2026-11-26): planned at 1x.
+STREAM_EVAL_SPEEDUP = 1
 # On the CPU path evaluation is sized to the class: at most this fraction of the expected training time
 # (--eval_budget); a GPU run evaluates as the protocol says unless asked.
 CPU_EVAL_BUDGET = 0.25
@@ -68,6 +71,7 @@ class EvalWork:
     each_during_training: int  # one fast evaluation during training (capped by --eval_every_max_batches)
     evaluations_during_training: int
     final: int  # fast and slow evaluation of every held-out split at the end
+    final_in_streams: int = 0  # of `final`, the positions read as one stream at batch 1 (a stateful slow eval)
 
     @property
     def during_training(self) -> int:
@@ -175,9 +179,17 @@ class Plan:
                        for s in self.stages)
         return None if self.local_row is None else self.tokens / self.local_tokens_per_second
 
-    def expected_eval_seconds(self, positions: int) -> float | None:
-        """Wall time of evaluating `positions` token positions locally, at EVAL_SPEEDUP x training throughput."""
-        return None if self.local_row is None else positions / (EVAL_SPEEDUP * self.local_tokens_per_second)
+    def expected_eval_seconds(self, positions: int, in_streams: int = 0) -> float | None:
+        """Wall time of evaluating `positions` token positions locally, at EVAL_SPEEDUP x training throughput, of
+        which `in_streams` at STREAM_EVAL_SPEEDUP x."""
+        if self.local_row is None:
+            return None
+        rate = self.local_tokens_per_second
+        return (positions - in_streams) / (EVAL_SPEEDUP * rate) + in_streams / (STREAM_EVAL_SPEEDUP * rate)
+
+    def expected_final_eval_seconds(self) -> float | None:
+        work = self.evaluation
+        return None if work is None else self.expected_eval_seconds(work.final, work.final_in_streams)
 
     def throughput_record(self) -> dict | None:
         """The throughput the budget came from, for results.json: the registry row, or the hand-set value."""
@@ -459,13 +471,13 @@ def cpu_row(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainConfig
 def eval_work(dataset, tcfg: TrainConfig, seq_len: int, steps: int, stateful: bool) -> EvalWork:
     """The evaluation a run of `steps` steps will do on `dataset` with these eval settings, in token positions."""
     held_out = [s for s in dataset.splits if s != "train"]
-    final = sum(evaluation.fast_positions(dataset.books(s), tcfg.eval_batch_size, seq_len, tcfg.eval_max_batches)
-                + evaluation.slow_positions(dataset.books(s), seq_len, tcfg.slow_eval_max_windows, stateful,
-                                            tcfg.slow_eval, tcfg.slow_eval_last_n)
-                for s in held_out)
+    fast = sum(evaluation.fast_positions(dataset.books(s), tcfg.eval_batch_size, seq_len, tcfg.eval_max_batches)
+               for s in held_out)
+    slow = sum(evaluation.slow_positions(dataset.books(s), seq_len, tcfg.slow_eval_max_windows, stateful,
+                                         tcfg.slow_eval, tcfg.slow_eval_last_n) for s in held_out)
     each = evaluation.fast_positions(dataset.books(progress_split(dataset.splits)), tcfg.eval_batch_size, seq_len,
                                      eval_every_max_batches(tcfg))
-    return EvalWork(each, progress_evaluations(tcfg, steps), final)
+    return EvalWork(each, progress_evaluations(tcfg, steps), fast + slow, slow if stateful else 0)
 
 
 def _warmup_reason(tcfg: TrainConfig) -> str:
@@ -500,23 +512,25 @@ def size_evaluation(plan: Plan, dataset, tcfg: TrainConfig, seq_len: int, statef
     progress = eval_every_max_batches(subset)
     work = eval_work(dataset, subset, seq_len, plan.steps, stateful)
     unsized = EvalCaps(fraction, tcfg.eval_max_batches, progress, tcfg.slow_eval_max_windows, tcfg.eval_every, False)
-    allowed = (None if plan.local_row is None
-               else fraction * plan.expected_wall_seconds * EVAL_SPEEDUP * plan.local_tokens_per_second)
-    if allowed is None or work.during_training + work.final <= allowed:
+    allowed = None if plan.local_row is None else fraction * plan.expected_wall_seconds  # seconds
+    if allowed is None or plan.expected_eval_seconds(work.during_training) + plan.expected_eval_seconds(
+            work.final, work.final_in_streams) <= allowed:
         return dataclasses.replace(plan, eval_caps=unsized if progress != eval_every_max_batches(tcfg) else None,
                                    evaluation=work)
     held_out = [s for s in dataset.splits if s != "train"]
-    evaluations = min(work.evaluations_during_training, max(int(allowed / 3 // max(work.each_during_training, 1)), 1))
+    each = plan.expected_eval_seconds(work.each_during_training)
+    evaluations = min(work.evaluations_during_training, max(int(allowed / 3 // max(each, 1e-9)), 1))
     every = tcfg.eval_every if evaluations == work.evaluations_during_training else -(-plan.steps // evaluations)
-    per_mode = (allowed - evaluations * work.each_during_training) / (2 * max(len(held_out), 1))
+    per_mode = (allowed - evaluations * each) / (2 * max(len(held_out), 1))  # seconds
+    rate = plan.local_tokens_per_second
 
-    def batches_within(positions: float, books) -> int:
+    def batches_within(seconds: float, books) -> int:
         per_batch = evaluation.fast_positions(books, tcfg.eval_batch_size, seq_len, 1)
-        return max(int(positions // max(per_batch, 1)), progress, 1)
+        return max(int(seconds * EVAL_SPEEDUP * rate // max(per_batch, 1)), progress, 1)
 
     fast_cap = min(batches_within(per_mode, dataset.books(s)) for s in held_out)
     fast_cap = fast_cap if tcfg.eval_max_batches is None else min(tcfg.eval_max_batches, fast_cap)
-    windows = max(int(per_mode // seq_len), 1)
+    windows = max(int(per_mode * (STREAM_EVAL_SPEEDUP if stateful else EVAL_SPEEDUP) * rate // seq_len), 1)
     slow_cap = windows if tcfg.slow_eval_max_windows is None else min(tcfg.slow_eval_max_windows, windows)
     caps = EvalCaps(fraction, fast_cap, progress, slow_cap, every, True)
     return dataclasses.replace(plan, eval_caps=caps,
@@ -650,11 +664,14 @@ def _wall_time_rows(plan: Plan) -> list[tuple[str, str]]:
                                    f"{plan.local_row.tokens_per_second:,.0f} tokens/s each")]
     work = plan.evaluation
     if work is not None:
-        during, final = plan.expected_eval_seconds(work.during_training), plan.expected_eval_seconds(work.final)
+        during, final = plan.expected_eval_seconds(work.during_training), plan.expected_final_eval_seconds()
+        streams = (f" ({work.final_in_streams:,} of them read as one stream at batch 1, at "
+                   f"{STREAM_EVAL_SPEEDUP}x)" if work.final_in_streams else "")
         rows += [
             ("", f"evaluation {_duration(during + final)}: {work.evaluations_during_training} x "
                  f"{work.each_during_training:,} positions during training ({_duration(during)}), {work.final:,} "
-                 f"at the end ({_duration(final)}); forward passes at {EVAL_SPEEDUP}x the training throughput"),
+                 f"at the end ({_duration(final)}); forward passes at {EVAL_SPEEDUP}x the training throughput"
+                 f"{streams}"),
             ("", f"total {_duration(train + during + final)} (the compute class counts training only)"),
         ]
     caps = plan.eval_caps

@@ -183,14 +183,28 @@ def test_evaluation_is_sized_to_a_fraction_of_the_training_time(default_corpus_r
 
     full = plan(cpu_path=False)  # a GPU-style run: the protocol's evaluation, whatever it costs
     assert full.eval_caps is None
-    full_seconds = full.expected_eval_seconds(full.evaluation.during_training + full.evaluation.final)
+    full_seconds = full.expected_eval_seconds(full.evaluation.during_training) + full.expected_final_eval_seconds()
     assert full_seconds > 0.25 * full.expected_wall_seconds  # the default corpus at 1,280 tokens/s: too much
     sized = plan(cpu_path=True)
     work = sized.evaluation
-    assert sized.expected_eval_seconds(work.during_training + work.final) <= 0.25 * sized.expected_wall_seconds
+    assert sized.expected_eval_seconds(work.during_training) + sized.expected_final_eval_seconds() \
+        <= 0.25 * sized.expected_wall_seconds
     caps = sized.eval_caps
     assert caps.fraction == 0.25 and caps.eval_max_batches < 500 and caps.slow_eval_max_windows is not None
     assert sized.training_config(tcfg).slow_eval_max_windows == caps.slow_eval_max_windows
     assert "evaluation sized" in planning.format_plan(sized) and "--eval_budget" in planning.format_plan(sized)
     assert plan(cpu_path=True, eval_budget=0.0).eval_caps is None  # 0: no limit
     assert plan(cpu_path=False, eval_budget=0.25).eval_caps is not None  # asked for on a GPU too
+
+
+def test_a_stream_read_at_batch_1_is_planned_at_the_training_throughput(tmp_path):
+    """A stateful model's slow evaluation reads each split as one stream at batch 1: planned at 1x, not 3x."""
+    model = tp.model_spec("gpt", "cpu")
+    registry = tmp_path / "throughput.csv"
+    tp.append_row(registry, tp.ThroughputRow("gpt", "cpu", model.fingerprint, "", "cpu", 16, 128, 1000.0, None, "fp32",
+                                             False, "2.13.0", "2026-01-01", "measured"))
+    work = planning.EvalWork(each_during_training=2048, evaluations_during_training=9, final=30720,
+                             final_in_streams=6000)
+    plan = planning.plan_compute_class(model, "2m", 16, 128, registry, reference_hardware="cpu", local_hardware="cpu",
+                                       evaluation=work)
+    assert plan.expected_final_eval_seconds() == pytest.approx(24720 / 3000 + 6000 / 1000)
