@@ -27,6 +27,10 @@ from projects.feedback import segment
 from projects.feedback.configs import MEMORY, ModelConfig
 from projects.feedback.ops.window_attention import attention_flops, implementation
 
+# segment shapes whose CUDA graphs are kept (training's, the evaluations' and a last shorter batch or window); each
+# holds a segment's activations in its graph's memory
+CAPTURED_SHAPES = 4
+
 
 class Block(nn.Module):
     """A GPT block whose attention has only its query and output projection: keys and values are the memory's."""
@@ -87,9 +91,10 @@ class Model(nn.Module):
         n = self.cfg.n_layers + 1
         if self.cfg.memory == "weighted":
             return F.softmax(self.mix_logits, dim=0)
+        like = {"device": self.pos.device, "dtype": self.pos.dtype}
         if self.cfg.memory == "average":
-            return torch.full((n,), 1.0 / n, device=self.pos.device)
-        return F.one_hot(torch.tensor(self.cfg.memory_layer % n), n).float().to(self.pos.device)
+            return torch.full((n,), 1.0 / n, **like)
+        return torch.eye(n, **like)[self.cfg.memory_layer % n]
 
     def shared_weights(self) -> segment.Shared:
         return segment.Shared(self.pos, self.mem_norm.weight, self.mem_norm.bias, self.kv.weight, self.kv.bias)
@@ -111,7 +116,10 @@ class Model(nn.Module):
         graphs = self.__dict__.setdefault("_captured", {})  # not a module attribute: no state_dict, no .to()
         if key not in graphs:
             graphs[key] = None
+            while len(graphs) > CAPTURED_SHAPES:  # the oldest shape's graphs (and their memory) go
+                graphs.pop(next(iter(graphs)))
             return None
+        graphs[key] = graphs.pop(key)  # the most recently used last
         if graphs[key] is None:
             graphs[key] = segment.CapturedSegment(lambda m: self.segment_weights(m, cdt), ops, x0, mem, mix, keep)
         return graphs[key]
@@ -188,7 +196,7 @@ class Decoder:
         self.m = mem.new_empty(batch, cfg.d_model)
         self.hs = mem.new_empty(L, batch, cfg.d_model)
         self.qs, self.ys = (mem.new_empty(L, batch, H, D, dtype=cdt) for _ in range(2))
-        self.lses = mem.new_empty(L, batch, H)
+        self.attn = mem.new_empty(L, *self.ops.saved_shape(batch, H, cfg.mem_len))
         self.fs = mem.new_empty(L, batch, cfg.mlp_ratio * cfg.d_model, dtype=cdt)
 
     @torch.no_grad()
@@ -198,6 +206,6 @@ class Decoder:
         slot = self.steps % self.model.cfg.mem_len
         with torch.autocast(tokens.device.type, enabled=False):
             segment.step_forward(self.weights, self.ops, self.xs, self.m, self.kv, slot, slot, self.hs, self.qs,
-                                 self.ys, self.lses, self.fs)
+                                 self.ys, self.attn, self.fs)
         self.steps += 1
         return self.model.head(self.model.ln_f(self.xs[-1]))

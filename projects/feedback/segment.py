@@ -14,7 +14,8 @@ weight pi_l. Weight gradients are summed once at the end, as one matrix product 
 inputs and output gradients of each linear layer. No per-step copy of the buffer is kept.
 
 What the forward stores for the backward, per step and layer: the layer's input and middle residual (h), its query,
-attention output and log-sum-exp, and the MLP's pre-activation; LayerNorm statistics are recomputed in bulk.
+attention output and what the attention's backward needs (its weights, or their log-sum-exp for the kernel), and
+the MLP's pre-activation; LayerNorm statistics are recomputed in bulk.
 """
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ class Saved(NamedTuple):
     hs: torch.Tensor  # (T, L, B, d): the residual after the attention
     qs: torch.Tensor  # (T, L, B, H, D): queries
     ys: torch.Tensor  # (T, L, B, H, D): attention outputs
-    lses: torch.Tensor  # (T, L, B, H): the attention's log-sum-exp
+    attn: torch.Tensor  # (T, L, *ops.saved_shape): what the attention's backward needs (weights or log-sum-exp)
     fs: torch.Tensor  # (T, L, B, 4 d): MLP pre-activations
     ms: torch.Tensor  # (T, B, d): memory vectors m_t
     mem: torch.Tensor  # (B, tau, d): the memory carried in
@@ -91,7 +92,7 @@ def memory_keys_values(w: Weights, m: torch.Tensor) -> torch.Tensor:
     return torch.addmm(w.shared.kv_b, n, w.shared.kv_w.t())
 
 
-def step_forward(w: Weights, ops, xs_t, m_t, kv, start: int, slot: int, hs_t, qs_t, ys_t, lses_t, fs_t) -> None:
+def step_forward(w: Weights, ops, xs_t, m_t, kv, start: int, slot: int, hs_t, qs_t, ys_t, attn_t, fs_t) -> None:
     """One step for the whole batch: every layer of x_t^0 = xs_t[0] over the window of kv from `start`, then the
     memory vector m_t and its key and value into `slot` of kv. Writes xs_t[1:], m_t and the stores hs_t .. fs_t."""
     L1, B, d = xs_t.shape
@@ -99,7 +100,7 @@ def step_forward(w: Weights, ops, xs_t, m_t, kv, start: int, slot: int, hs_t, qs
     for l, lw in enumerate(w.layers):
         a = F.layer_norm(x, (d,), lw.ln1_w, lw.ln1_b, EPS).to(w.cdt)
         torch.addmm(lw.q_b, a, lw.q_w.t(), out=qs_t[l].view(B, -1))
-        ops.attend(qs_t[l], kv[0], kv[1], w.shared.pos, start, w.scale, ys_t[l], lses_t[l])
+        ops.attend(qs_t[l], kv[0], kv[1], w.shared.pos, start, w.scale, ys_t[l], attn_t[l])
         h = torch.add(x, torch.addmm(lw.o_b, ys_t[l].view(B, -1), lw.o_w.t()), out=hs_t[l])
         c = F.layer_norm(h, (d,), lw.ln2_w, lw.ln2_b, EPS).to(w.cdt)
         g = F.gelu(torch.addmm(lw.fc_b, c, lw.fc_w.t(), out=fs_t[l]), approximate="tanh")
@@ -126,13 +127,13 @@ def forward_segment(w: Weights, ops, x0: torch.Tensor, mem: torch.Tensor, keep: 
     n = T if keep else 1
     hs = x0.new_empty(n, L, B, d)
     qs, ys = (x0.new_empty(n, L, B, H, D, dtype=w.cdt) for _ in range(2))
-    lses = x0.new_empty(n, L, B, H)
+    attn = x0.new_empty(n, L, *ops.saved_shape(B, H, tau))
     fs = x0.new_empty(n, L, B, w.layers[0].fc_w.shape[0], dtype=w.cdt)
     for t in range(T):
         i = t if keep else 0
-        step_forward(w, ops, xs[t], ms[t], kv, t, tau + t, hs[i], qs[i], ys[i], lses[i], fs[i])
+        step_forward(w, ops, xs[t], ms[t], kv, t, tau + t, hs[i], qs[i], ys[i], attn[i], fs[i])
     new_mem = torch.cat([mem, ms.transpose(0, 1)], dim=1)[:, -tau:]
-    saved = Saved(xs, hs, qs, ys, lses, fs, ms, mem, kv) if keep else None
+    saved = Saved(xs, hs, qs, ys, attn, fs, ms, mem, kv) if keep else None
     return xs[:, L].transpose(0, 1), new_mem, saved
 
 
@@ -151,7 +152,7 @@ def backward_segment(w: Weights, ops, saved: Saved, d_out: torch.Tensor):
 
     Returns (dx0 (B, T, d), dpi (L + 1,), [Layer of gradients per layer], Shared of gradients) in the residual
     dtype."""
-    xs, hs, qs, ys, lses, fs, ms, mem, kv = saved
+    xs, hs, qs, ys, attn, fs, ms, mem, kv = saved
     T, L1, B, d = xs.shape
     L, H, cdt = L1 - 1, w.n_heads, w.cdt
     tau, D = w.shared.pos.shape
@@ -190,7 +191,7 @@ def backward_segment(w: Weights, ops, saved: Saved, d_out: torch.Tensor):
             dh = torch.add(dx, layer_norm_backward(dc, hs[t, l], mean2[t, l], rstd2[t, l], lw.ln2_w, lw.ln2_b),
                            out=dH[t, l])
             dy = torch.mm(dh.to(cdt), lw.o_w)
-            dscore = ops.attend_backward(qs[t, l], kv[0], kv[1], w.shared.pos, t, w.scale, ys[t, l], lses[t, l],
+            dscore = ops.attend_backward(qs[t, l], kv[0], kv[1], w.shared.pos, t, w.scale, ys[t, l], attn[t, l],
                                          dy.view(B, H, D), dkv[0], dkv[1], dQ[t, l])
             dpos.addmm_(dscore.view(B * H, tau).t(), qs[t, l].view(B * H, D).to(acc))
             da = torch.mm(dQ[t, l].view(B, inner), lw.q_w, out=dA[t, l])

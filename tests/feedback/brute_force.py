@@ -31,16 +31,17 @@ def attend(model, block, x, window):
     B = x.shape[0]
     q = F.linear(F.layer_norm(x, (cfg.d_model,), block.ln1.weight, block.ln1.bias), block.q.weight, block.q.bias)
     q = q.view(B, H, D)
+    keys, values = [], []
+    for m in window:
+        n = F.layer_norm(m, (cfg.d_model,), model.mem_norm.weight, model.mem_norm.bias)
+        k, v = F.linear(n, model.kv.weight, model.kv.bias).view(B, 2, H, D).unbind(1)
+        keys.append(k)
+        values.append(v)
     outputs = []
     for h in range(H):
-        scores, values = [], []
-        for j, m in enumerate(window):
-            n = F.layer_norm(m, (cfg.d_model,), model.mem_norm.weight, model.mem_norm.bias)
-            k, v = F.linear(n, model.kv.weight, model.kv.bias).view(B, 2, H, D).unbind(1)
-            scores.append((q[:, h] * (k[:, h] + model.pos[j])).sum(-1) / math.sqrt(D))
-            values.append(v[:, h])
+        scores = [(q[:, h] * (k[:, h] + model.pos[j])).sum(-1) / math.sqrt(D) for j, k in enumerate(keys)]
         p = torch.softmax(torch.stack(scores, dim=1), dim=1)  # (B, tau)
-        outputs.append(sum(p[:, j:j + 1] * values[j] for j in range(len(window))))
+        outputs.append(sum(p[:, j:j + 1] * v[:, h] for j, v in enumerate(values)))
     return F.linear(torch.cat(outputs, dim=-1), block.o.weight, block.o.bias)
 
 

@@ -15,6 +15,7 @@ CASES = [  # B, H, S, D, tau, start
     pytest.param(2, 3, 11, 5, 7, 4, id="odd-sizes"),
     pytest.param(1, 2, 80, 33, 70, 9, id="three-blocks-odd-width"),
     pytest.param(3, 1, 9, 8, 9, 5, id="ring-wraps"),
+    pytest.param(2, 2, 13, 8, 6, 10, id="longer-buffer-wraps"),
     pytest.param(2, 2, 6, 16, 1, 3, id="one-slot"),
     pytest.param(1, 1, 40, 12, 32, 8, id="one-full-block"),
 ]
@@ -93,15 +94,15 @@ def test_backward_adds_into_the_gradient_buffers(impl, device):
     device = device if impl == "triton" else torch.device("cpu")
     ops = implementation(impl, device)
     q, k_buf, v_buf, pos = (t.detach() for t in inputs(B, H, S, D, tau, device))
-    y, lse = torch.empty(B, H, D, device=device), torch.empty(B, H, device=device)
-    ops.attend(q, k_buf, v_buf, pos, start, D ** -0.5, y, lse)
+    y, saved = torch.empty(B, H, D, device=device), torch.empty(ops.saved_shape(B, H, tau), device=device)
+    ops.attend(q, k_buf, v_buf, pos, start, D ** -0.5, y, saved)
     dy = torch.randn(B, H, D, generator=torch.Generator().manual_seed(3)).to(device)
     zeros = [torch.zeros(B, H, S, D, device=device) for _ in range(2)]
     held = [torch.randn(B, H, S, D, generator=torch.Generator().manual_seed(4 + i)).to(device) for i in range(2)]
     added = [h.clone() for h in held]
     dq = torch.empty_like(q)
-    ops.attend_backward(q, k_buf, v_buf, pos, start, D ** -0.5, y, lse, dy, *zeros, dq)
-    ops.attend_backward(q, k_buf, v_buf, pos, start, D ** -0.5, y, lse, dy, *added, dq)
+    ops.attend_backward(q, k_buf, v_buf, pos, start, D ** -0.5, y, saved, dy, *zeros, dq)
+    ops.attend_backward(q, k_buf, v_buf, pos, start, D ** -0.5, y, saved, dy, *added, dq)
     outside = torch.tensor([s not in (9, 10, 11, 0, 1) for s in range(S)], device=device)
     for grad, before, after in zip(zeros, held, added):
         torch.testing.assert_close(after, before + grad, rtol=1e-6, atol=1e-6)

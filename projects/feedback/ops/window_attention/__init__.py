@@ -1,7 +1,8 @@
 """Attention of one query per head over a window of tau key/value slots, score_j = scale * q . (k_j + pos_j): the
 Feedback Transformer's attention over its memory (one query per layer and step against the shared keys and values).
 
-Two implementations of one pair of functions, `attend` (forward, writing y and the log-sum-exp into given tensors)
+Two implementations of one pair of functions, `attend` (forward, writing y and what the backward needs into given
+tensors: the attention weights in the reference, their log-sum-exp in the kernel, of shape `saved_shape(B, H, tau)`)
 and `attend_backward` (writing dq, adding the window's key and value gradients into fp32 buffers in place, returning
 the scores' gradient for pos): naive.py (plain PyTorch, the reference and the CPU path) and triton.py (one program
 per batch row and head). `implementation(impl, device)` picks one; `window_attention` wraps either in a
@@ -42,19 +43,19 @@ class WindowAttention(torch.autograd.Function):
     def forward(ctx, ops, q, k_buf, v_buf, pos, start, scale):
         B, H, _, D = k_buf.shape
         y = torch.empty(B, H, D, device=q.device, dtype=q.dtype)
-        lse = torch.empty(B, H, device=q.device, dtype=naive.accumulation_dtype(q))
-        ops.attend(q, k_buf, v_buf, pos, start, scale, y, lse)
-        ctx.save_for_backward(q, k_buf, v_buf, pos, y, lse)
+        saved = torch.empty(ops.saved_shape(B, H, pos.shape[0]), device=q.device, dtype=naive.accumulation_dtype(q))
+        ops.attend(q, k_buf, v_buf, pos, start, scale, y, saved)
+        ctx.save_for_backward(q, k_buf, v_buf, pos, y, saved)
         ctx.ops, ctx.start, ctx.scale = ops, start, scale
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        q, k_buf, v_buf, pos, y, lse = ctx.saved_tensors
-        dk = torch.zeros(k_buf.shape, device=k_buf.device, dtype=lse.dtype)
+        q, k_buf, v_buf, pos, y, saved = ctx.saved_tensors
+        dk = torch.zeros(k_buf.shape, device=k_buf.device, dtype=saved.dtype)
         dv = torch.zeros_like(dk)
         dq = torch.empty_like(q)
-        dscore = ctx.ops.attend_backward(q, k_buf, v_buf, pos, ctx.start, ctx.scale, y, lse, dy, dk, dv, dq)
+        dscore = ctx.ops.attend_backward(q, k_buf, v_buf, pos, ctx.start, ctx.scale, y, saved, dy, dk, dv, dq)
         B, H, D = q.shape
         dpos = torch.mm(dscore.reshape(B * H, -1).t(), q.reshape(B * H, D).to(dscore.dtype))
         return None, dq, dk.to(k_buf.dtype), dv.to(v_buf.dtype), dpos.to(pos.dtype), None, None

@@ -85,12 +85,18 @@ def feedback_window_attention_bwd_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, y_ptr, ls
     tl.store(dq_ptr + row.to(tl.int64) * D + d, dq.to(dq_ptr.dtype.element_ty), mask=d_ok)
 
 
+def saved_shape(B: int, H: int, tau: int) -> tuple:
+    """The shape of what attend keeps for attend_backward: the log-sum-exp of each row's scores."""
+    return B, H
+
+
 def _unit_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
 def attend(q, k_buf, v_buf, pos, start: int, scale: float, y_out: torch.Tensor, lse_out: torch.Tensor) -> None:
-    """As naive.attend: y_out (B, H, D, contiguous) and lse_out (B, H, contiguous fp32) written by one launch."""
+    """As naive.attend, by one launch, keeping the log-sum-exp of the scores instead of the weights: y_out (B, H, D)
+    and lse_out (B, H) fp32, both contiguous."""
     B, H, S, D = k_buf.shape
     q, pos = _unit_stride(q), pos.contiguous()
     feedback_window_attention_fwd_kernel[(B * H,)](
@@ -102,7 +108,8 @@ def attend(q, k_buf, v_buf, pos, start: int, scale: float, y_out: torch.Tensor, 
 
 def attend_backward(q, k_buf, v_buf, pos, start: int, scale: float, y, lse, dy, dk_buf, dv_buf,
                     dq_out: torch.Tensor) -> torch.Tensor:
-    """As naive.attend_backward, by one launch: dk_buf and dv_buf (fp32, one layout for both) are updated in place."""
+    """As naive.attend_backward, by one launch that recomputes the weights from the forward's log-sum-exp `lse`:
+    dk_buf and dv_buf (fp32, one layout for both) are updated in place."""
     B, H, S, D = k_buf.shape
     tau = pos.shape[0]
     if dk_buf.stride() != dv_buf.stride() or dk_buf.dtype != torch.float32 or dv_buf.dtype != torch.float32:
