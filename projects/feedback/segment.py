@@ -132,7 +132,7 @@ def forward_segment(w: Weights, ops, x0: torch.Tensor, mem: torch.Tensor, keep: 
     for t in range(T):
         i = t if keep else 0
         step_forward(w, ops, xs[t], ms[t], kv, t, tau + t, hs[i], qs[i], ys[i], attn[i], fs[i])
-    new_mem = torch.cat([mem, ms.transpose(0, 1)], dim=1)[:, -tau:]
+    new_mem = torch.cat([mem[:, min(T, tau):], ms[max(T - tau, 0):].transpose(0, 1)], dim=1)  # the last tau
     saved = Saved(xs, hs, qs, ys, attn, fs, ms, mem, kv) if keep else None
     return xs[:, L].transpose(0, 1), new_mem, saved
 
