@@ -196,7 +196,6 @@ class Decoder:
         self.m = mem.new_empty(batch, cfg.d_model)
         self.hs = mem.new_empty(L, batch, cfg.d_model)
         self.qs, self.ys = (mem.new_empty(L, batch, H, D, dtype=cdt) for _ in range(2))
-        self.attn = mem.new_empty(L, *self.ops.saved_shape(batch, H, cfg.mem_len))
         self.fs = mem.new_empty(L, batch, cfg.mlp_ratio * cfg.d_model, dtype=cdt)
 
     @torch.no_grad()
@@ -206,6 +205,6 @@ class Decoder:
         slot = self.steps % self.model.cfg.mem_len
         with torch.autocast(tokens.device.type, enabled=False):
             segment.step_forward(self.weights, self.ops, self.xs, self.m, self.kv, slot, slot, self.hs, self.qs,
-                                 self.ys, self.attn, self.fs)
+                                 self.ys, None, self.fs)
         self.steps += 1
         return self.model.head(self.model.ln_f(self.xs[-1]))

@@ -94,13 +94,15 @@ def memory_keys_values(w: Weights, m: torch.Tensor) -> torch.Tensor:
 
 def step_forward(w: Weights, ops, xs_t, m_t, kv, start: int, slot: int, hs_t, qs_t, ys_t, attn_t, fs_t) -> None:
     """One step for the whole batch: every layer of x_t^0 = xs_t[0] over the window of kv from `start`, then the
-    memory vector m_t and its key and value into `slot` of kv. Writes xs_t[1:], m_t and the stores hs_t .. fs_t."""
+    memory vector m_t and its key and value into `slot` of kv. Writes xs_t[1:], m_t and the stores hs_t .. fs_t
+    (attn_t None: no backward to come, the attention keeps nothing)."""
     L1, B, d = xs_t.shape
     x = xs_t[0]
     for l, lw in enumerate(w.layers):
         a = F.layer_norm(x, (d,), lw.ln1_w, lw.ln1_b, EPS).to(w.cdt)
         torch.addmm(lw.q_b, a, lw.q_w.t(), out=qs_t[l].view(B, -1))
-        ops.attend(qs_t[l], kv[0], kv[1], w.shared.pos, start, w.scale, ys_t[l], attn_t[l])
+        ops.attend(qs_t[l], kv[0], kv[1], w.shared.pos, start, w.scale, ys_t[l],
+                   None if attn_t is None else attn_t[l])
         h = torch.add(x, torch.addmm(lw.o_b, ys_t[l].view(B, -1), lw.o_w.t()), out=hs_t[l])
         c = F.layer_norm(h, (d,), lw.ln2_w, lw.ln2_b, EPS).to(w.cdt)
         g = F.gelu(torch.addmm(lw.fc_b, c, lw.fc_w.t(), out=fs_t[l]), approximate="tanh")
@@ -127,11 +129,11 @@ def forward_segment(w: Weights, ops, x0: torch.Tensor, mem: torch.Tensor, keep: 
     n = T if keep else 1
     hs = x0.new_empty(n, L, B, d)
     qs, ys = (x0.new_empty(n, L, B, H, D, dtype=w.cdt) for _ in range(2))
-    attn = x0.new_empty(n, L, *ops.saved_shape(B, H, tau))
+    attn = x0.new_empty(n, L, *ops.saved_shape(B, H, tau)) if keep else None
     fs = x0.new_empty(n, L, B, w.layers[0].fc_w.shape[0], dtype=w.cdt)
     for t in range(T):
         i = t if keep else 0
-        step_forward(w, ops, xs[t], ms[t], kv, t, tau + t, hs[i], qs[i], ys[i], attn[i], fs[i])
+        step_forward(w, ops, xs[t], ms[t], kv, t, tau + t, hs[i], qs[i], ys[i], attn[t] if keep else None, fs[i])
     new_mem = torch.cat([mem[:, min(T, tau):], ms[max(T - tau, 0):].transpose(0, 1)], dim=1)  # the last tau
     saved = Saved(xs, hs, qs, ys, attn, fs, ms, mem, kv) if keep else None
     return xs[:, L].transpose(0, 1), new_mem, saved

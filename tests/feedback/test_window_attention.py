@@ -124,3 +124,22 @@ def test_reference_window_is_a_view_unless_it_wraps():
     assert naive.window_slots(buffer, 1, 3)._base is not None
     wrapped = naive.window_slots(buffer, 3, 4)  # slots 3, 4, 0, 1
     assert wrapped.flatten().tolist() == [3, 4, 0, 1, 8, 9, 5, 6]
+
+
+@pytest.mark.parametrize("impl", ["naive", "triton"])
+@pytest.mark.parametrize("start", [0, 4], ids=["in-order", "ring-wraps"])
+def test_forward_without_a_backward_keeps_nothing_and_gives_the_same_output(impl, start, device):
+    """Evaluation and decoding pass no store (the reference then runs PyTorch's fused attention with a bias)."""
+    from projects.feedback.ops.window_attention import implementation
+
+    device = device if impl == "triton" else torch.device("cpu")
+    ops = implementation(impl, device)
+    B, H, S, D = 2, 3, 7, 8
+    q, k_buf, v_buf, pos = (t.detach() for t in inputs(B, H, S, D, S, device))
+    kept, alone = torch.empty(B, H, D, device=device), torch.empty(B, H, D, device=device)
+    ops.attend(q, k_buf, v_buf, pos, start, D ** -0.5, kept, torch.empty(ops.saved_shape(B, H, S), device=device))
+    ops.attend(q, k_buf, v_buf, pos, start, D ** -0.5, alone, None)
+    torch.testing.assert_close(alone, kept, rtol=1e-5, atol=1e-6)
+    want = brute_force(q.cpu().double(), k_buf.cpu().double(), v_buf.cpu().double(), pos.cpu().double(), start,
+                       D ** -0.5)
+    torch.testing.assert_close(alone.cpu().double(), want, rtol=1e-5, atol=1e-5)

@@ -8,6 +8,7 @@ The forward keeps the attention weights p (B, H, tau) for the backward (the kern
 recomputes them; on a CPU the few extra bytes are cheaper than the recomputation's small products).
 """
 import torch
+import torch.nn.functional as F
 
 
 def saved_shape(B: int, H: int, tau: int) -> tuple:
@@ -40,15 +41,22 @@ def aligned(k_buf, v_buf, pos, start: int):
     return window_slots(k_buf, start, tau), window_slots(v_buf, start, tau), pos, 0
 
 
-def attend(q, k_buf, v_buf, pos, start: int, scale: float, y_out: torch.Tensor, p_out: torch.Tensor) -> None:
+def attend(q, k_buf, v_buf, pos, start: int, scale: float, y_out: torch.Tensor, p_out: torch.Tensor | None) -> None:
     """y_out (B, H, D) <- softmax(scores) @ values of the window; p_out (B, H, tau) <- the softmax (the attention
-    weights in window order, in the accumulation dtype)."""
+    weights in window order, in the accumulation dtype). p_out None (no backward to come: evaluation, decoding):
+    PyTorch's fused attention with the position term as an additive bias."""
     B, H, _, D = k_buf.shape
     tau = pos.shape[0]
     acc = accumulation_dtype(q)
     keys, values, pos, shift = aligned(k_buf, v_buf, pos, start)
     qf = q.reshape(B * H, 1, D).to(acc)
     position = torch.mm(qf.view(B * H, D), pos.to(acc).t()).view(B * H, 1, tau)
+    if p_out is None:
+        y = F.scaled_dot_product_attention(qf.view(B, H, 1, D), keys.to(acc).view(B, H, tau, D),
+                                           values.to(acc).view(B, H, tau, D),
+                                           attn_mask=position.view(B, H, 1, tau).mul_(scale), scale=scale)
+        y_out.copy_(y.view(B, H, D))
+        return
     s = torch.baddbmm(position, qf, keys.to(acc).transpose(1, 2), beta=scale, alpha=scale)
     if p_out.dtype == acc and not shift:
         p = torch.softmax(s, dim=-1, out=p_out.view(B * H, 1, tau))

@@ -96,8 +96,10 @@ def _unit_stride(t: torch.Tensor) -> torch.Tensor:
 
 def attend(q, k_buf, v_buf, pos, start: int, scale: float, y_out: torch.Tensor, lse_out: torch.Tensor) -> None:
     """As naive.attend, by one launch, keeping the log-sum-exp of the scores instead of the weights: y_out (B, H, D)
-    and lse_out (B, H) fp32, both contiguous."""
+    and lse_out (B, H) fp32, both contiguous (lse_out None: not kept)."""
     B, H, S, D = k_buf.shape
+    if lse_out is None:
+        lse_out = torch.empty(B, H, device=q.device, dtype=torch.float32)
     q, pos = _unit_stride(q), pos.contiguous()
     feedback_window_attention_fwd_kernel[(B * H,)](
         q, k_buf, v_buf, pos, y_out, lse_out, start, S, pos.shape[0], H, scale,
