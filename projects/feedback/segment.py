@@ -200,12 +200,11 @@ def backward_segment(w: Weights, ops, saved: Saved, d_out: torch.Tensor):
             dx = torch.add(dh, layer_norm_backward(da, xs[t, l], mean1[t, l], rstd1[t, l], lw.ln1_w, lw.ln1_b))
             dx = torch.add(dx, d_mix[l], out=dX[t, l - 1] if l else dX0[t])
 
-    rows = T * B
     dpi = torch.einsum("tbd,tlbd->l", dM, xs)
     layer_grads = []
     for l, lw in enumerate(w.layers):
-        def flat(t):
-            return t[:, l].reshape(rows, -1)
+        def flat(t, l=l):  # layer l's rows of every step: (T * B, features)
+            return t[:, l].reshape(T * B, -1)
 
         xhat1 = normalised(flat(xs), flat(mean1), flat(rstd1))
         xhat2 = normalised(flat(hs), flat(mean2), flat(rstd2))

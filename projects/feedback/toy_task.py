@@ -10,8 +10,8 @@ layers must reconstruct. Every walk is one sequence, read from an empty memory (
 
     python projects/feedback/toy_task.py --seconds 120      # each model trains for 120 s of this CPU
 
-Prints the accuracy over every step and at the last step of 2,000 fresh walks, per model, and the training steps
-each reached in its time.
+Prints, per model, the training steps it reached in its time and the accuracy of 2,000 fresh walks over all
+positions and at chosen positions (--plot draws it for every position).
 """
 import argparse
 import dataclasses
@@ -81,18 +81,32 @@ def train(model, args, seed: int) -> int:
 
 
 @torch.no_grad()
-def accuracy(model, args, seed: int) -> tuple[float, float]:
-    """(accuracy over every step, accuracy at the last step) on args.eval_walks fresh walks."""
+def accuracy_by_step(model, args, seed: int) -> torch.Tensor:
+    """(length,) accuracy at each position of args.eval_walks fresh walks."""
     model.eval()
     generator = torch.Generator().manual_seed(seed)
-    correct = last = total = 0
+    hits = torch.zeros(args.length)
     for _ in range(0, args.eval_walks, 500):
         tokens, cells = walks(500, args.length, args.grid, generator)
-        hit = logits_of(model, tokens).argmax(-1) == cells
-        correct += hit.sum().item()
-        last += hit[:, -1].sum().item()
-        total += hit.shape[0]
-    return correct / (total * args.length), last / total
+        hits += (logits_of(model, tokens).argmax(-1) == cells).float().sum(0)
+    return hits / (args.eval_walks // 500 * 500)
+
+
+def plot(curves: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, curve in curves.items():
+        ax.plot(range(1, len(curve) + 1), curve.tolist(), label=name)
+    ax.set(xlabel="position in the walk (token)", ylabel="accuracy of the predicted cell", ylim=(0, 1.02),
+           title="random walk: accuracy by position")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"plot: {path}")
 
 
 def main(argv=None):
@@ -108,19 +122,26 @@ def main(argv=None):
     parser.add_argument("--eval_walks", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steady timing on a shared CPU)")
+    parser.add_argument("--plot", default=None, help="draw the accuracy by position into this PNG")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"random walk on a {args.grid}x{args.grid} grid, {args.length} tokens per walk; d_model {args.d_model}, "
           f"{args.n_layers} layers, {args.n_heads} heads; batch {args.batch_size}, lr {args.lr}; {args.seconds:.0f} s "
           f"of training each on {args.threads} thread(s); seed {args.seed}")
-    results = {}
+    results, curves = {}, {}
+    marks = sorted({1, 2, 4, *range(8, args.length + 1, 8), args.length} & set(range(1, args.length + 1)))
+    print(f"{'model':<9} {'steps':>6} {'all':>6}   " + " ".join(f"{'@' + str(m):>5}" for m in marks))
     for name in ("feedback", "gpt"):
         torch.manual_seed(args.seed)
         model = build(name, args)
         steps = train(model, args, args.seed)
-        every, final = accuracy(model, args, args.seed + 1)
-        results[name] = {"steps": steps, "accuracy": every, "last_step_accuracy": final}
-        print(f"{name:<9} {steps:>6} steps   accuracy {every:.3f} (every step)   {final:.3f} (last step)", flush=True)
+        curves[name] = curve = accuracy_by_step(model, args, args.seed + 1)
+        results[name] = {"steps": steps, "accuracy": curve.mean().item(), "last_step_accuracy": curve[-1].item()}
+        print(f"{name:<9} {steps:>6} {curve.mean():6.3f}   " + " ".join(f"{curve[m - 1]:5.3f}" for m in marks),
+              flush=True)
+    print(f"(accuracy over all positions, then at position @n; chance {1 / args.grid ** 2:.3f})")
+    if args.plot:
+        plot(curves, args.plot)
     return results
 
 

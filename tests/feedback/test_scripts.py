@@ -52,9 +52,10 @@ def test_walks_against_a_hand_worked_walk():
     assert cells[0].tolist() == [12, 11, 11, 8, 7, 7]
 
 
-def test_toy_task_runs_both_models(single_thread):
+def test_toy_task_runs_both_models(single_thread, tmp_path):
     results = toy_task.main(["--seconds", "0.5", "--length", "6", "--grid", "3", "--d_model", "16", "--n_heads", "2",
-                             "--eval_walks", "500", "--batch_size", "8"])
+                             "--eval_walks", "500", "--batch_size", "8", "--plot", str(tmp_path / "walk.png")])
+    assert (tmp_path / "walk.png").stat().st_size > 0
     assert set(results) == {"feedback", "gpt"}
     for r in results.values():
         assert r["steps"] >= 1 and 0 <= r["last_step_accuracy"] <= 1 and 0 <= r["accuracy"] <= 1
