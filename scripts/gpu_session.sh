@@ -12,8 +12,8 @@
 #   throughput = throughput_gpt (90) throughput_qlstm (90) throughput_lram_gpt (210) throughput_pkm_gpt (190)
 #   bench      = bench_qlstm (150) bench_memory_bf16 (200) bench_memory_fp32 (200)
 #   train      = train_gpt (100) train_qlstm (120) train_lram_gpt (100) train_pkm_gpt (100)
-#   feedback   = tests_feedback (240) throughput_feedback (420) bench_feedback (420) train_feedback (240)
-#                (the Feedback Transformer's kernel, CUDA graphs, speed against the GPT; not in the default order)
+#   feedback   = tests_feedback (200) bench_feedback (300)         (the Feedback Transformer: kernel, CUDA graphs,
+#   feedback_train = throughput_feedback (420) train_feedback (150)  speed against the GPT; not in the default order)
 # Throughput rows are appended to copies of the registries in $OUT/throughput/<project>.csv, not to projects/.
 # The memory layers, which have no published rows, also get a row derived for the paper's RTX 3090 by ratio to
 # GPT small measured in the same step (measure_throughput.py --derive).
@@ -125,16 +125,17 @@ declare -A STEPS=(
     [train_qlstm]="120 train_smoke qlstm"
     [train_lram_gpt]="100 train_smoke lram_gpt"
     [train_pkm_gpt]="100 train_smoke pkm_gpt"
-    [tests_feedback]="240 feedback_tests"
+    [tests_feedback]="200 feedback_tests"
     [throughput_feedback]="420 throughput_sweep feedback --derive 'RTX 3090' --baseline gpt:small"
-    [bench_feedback]="420 bench_feedback"
-    [train_feedback]="240 train_smoke feedback --max_steps 30 --eval_every 15 --checkpoint_every 30 --log_every 5"
+    [bench_feedback]="300 bench_feedback"
+    [train_feedback]="150 train_smoke feedback --max_steps 30 --eval_every 15 --checkpoint_every 30 --log_every 5"
 )
 declare -A STEP_GROUPS=(
     [throughput]="throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt"
     [bench]="bench_qlstm bench_memory_bf16 bench_memory_fp32"
     [train]="train_gpt train_qlstm train_lram_gpt train_pkm_gpt"
-    [feedback]="tests_feedback throughput_feedback bench_feedback train_feedback"
+    [feedback]="tests_feedback bench_feedback"
+    [feedback_train]="throughput_feedback train_feedback"
 )
 selected=()
 for name in ${@:-$ORDER}; do
@@ -143,8 +144,8 @@ for name in ${@:-$ORDER}; do
     elif [[ -v "STEPS[$name]" ]]; then
         selected+=("$name")
     else
-        echo "unknown step or group '$name'; steps:" $ORDER "${STEP_GROUPS[feedback]}; groups: throughput bench" \
-            "train feedback" >&2
+        echo "unknown step or group '$name'; steps:" $ORDER "${STEP_GROUPS[feedback]} ${STEP_GROUPS[feedback_train]};" \
+            "groups: throughput bench train feedback feedback_train" >&2
         exit 2
     fi
 done

@@ -14,7 +14,6 @@ tau keys and values; tokens/s and the ratio. A table is printed; --csv writes it
 """
 import argparse
 import csv
-import dataclasses
 import sys
 from pathlib import Path
 

@@ -14,7 +14,6 @@ Prints, per model, the training steps it reached in its time and the accuracy of
 positions and at chosen positions (--plot draws it for every position).
 """
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path
