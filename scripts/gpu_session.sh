@@ -13,6 +13,8 @@
 #   bench      = bench_qlstm (150) bench_memory_bf16 (200) bench_memory_fp32 (200)
 #   bench_pkm_torch_search (120): PKM with its old search (torch.topk), to set beside bench_memory_bf16's PKM
 #   train      = train_gpt (100) train_qlstm (120) train_lram_gpt (100) train_pkm_gpt (100)
+#   feedback   = tests_feedback (200) bench_feedback (300)         (the Feedback Transformer: kernel, CUDA graphs,
+#   feedback_train = throughput_feedback (420) train_feedback (150)  speed against the GPT; not in the default order)
 # Throughput rows are appended to copies of the registries in $OUT/throughput/<project>.csv, not to projects/.
 # The memory layers, which have no published rows, also get a row derived for the paper's RTX 3090 by ratio to
 # GPT small measured in the same step (measure_throughput.py --derive).
@@ -81,11 +83,13 @@ bench_pkm_torch_search() {  # PKM with its old search (torch.topk), beside the T
             --pkm_search torch --repeats 5 --warmup 2 --out "$OUT/pkm_torch_search"
 }
 
-train_smoke() {  # project; the checkpoint (model and Adam state) stays in $SCRATCH, the rest is copied
-    local data=()
+train_smoke() {  # project [more flags]; the checkpoint (model and Adam state) stays in $SCRATCH, the rest is copied
+    local project=$1 data=()
+    shift
     [[ -n "${DATA_ROOT:-}" && -n "${VOCAB_SIZE:-}" ]] && data=(--data_root "$DATA_ROOT" --vocab_size "$VOCAB_SIZE")
-    python "projects/$1/train.py" --config small "${data[@]}" --max_steps 200 --batch_size 16 --eval_max_batches 4 \
-        --slow_eval_max_windows 8 --eval_every 50 --checkpoint_every 200 --log_every 20 --out_dir "$SCRATCH/runs"
+    python "projects/$project/train.py" --config small "${data[@]}" --max_steps 200 --batch_size 16 \
+        --eval_max_batches 4 --slow_eval_max_windows 8 --eval_every 50 --checkpoint_every 200 --log_every 20 \
+        --out_dir "$SCRATCH/runs" "$@"
     local status=$?
     mkdir -p "$OUT/runs"
     (cd "$SCRATCH/runs" 2>/dev/null && find . -type f ! -name '*.pt' -exec cp --parents {} "$OUT/runs/" \;)
@@ -94,7 +98,22 @@ train_smoke() {  # project; the checkpoint (model and Adam state) stays in $SCRA
     return $status
 }
 
-export -f env_report kernel_tests throughput_sweep bench_qlstm bench_memory_layers bench_pkm_torch_search train_smoke
+feedback_tests() {  # the window-attention kernel, the model through it and its CUDA-graph replay, on the GPU
+    env -u TRITON_INTERPRET LANGUINI_TEST_DEVICE=cuda python -m pytest tests/feedback -q -p no:cacheprovider \
+        --durations=10 --junitxml="$OUT/tests_feedback.xml"
+}
+
+bench_feedback() {  # training and generation speed against the GPT of the same size; CUDA graphs on and off
+    python projects/feedback/bench_speed.py --config small --batch_size 64 --steps 3 --warmup 2 --gen_batch 1 \
+        --csv "$OUT/bench_feedback_small_b64.csv" &&
+        python projects/feedback/bench_speed.py --config small --batch_size 64 --steps 3 --warmup 2 \
+            --cuda_graphs false --skip_inference --csv "$OUT/bench_feedback_small_b64_eager.csv" &&
+        python projects/feedback/bench_speed.py --config mini --batch_size 256 --steps 3 --warmup 2 --gen_batch 8 \
+            --csv "$OUT/bench_feedback_mini_b256.csv"
+}
+
+export -f env_report kernel_tests throughput_sweep bench_qlstm bench_memory_layers bench_pkm_torch_search train_smoke \
+    feedback_tests bench_feedback
 
 ORDER="env tests throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt bench_qlstm
        bench_memory_bf16 bench_memory_fp32 bench_pkm_torch_search train_gpt train_qlstm train_lram_gpt train_pkm_gpt"
@@ -114,11 +133,17 @@ declare -A STEPS=(
     [train_qlstm]="120 train_smoke qlstm"
     [train_lram_gpt]="100 train_smoke lram_gpt"
     [train_pkm_gpt]="100 train_smoke pkm_gpt"
+    [tests_feedback]="200 feedback_tests"
+    [throughput_feedback]="420 throughput_sweep feedback --derive 'RTX 3090' --baseline gpt:small"
+    [bench_feedback]="300 bench_feedback"
+    [train_feedback]="150 train_smoke feedback --max_steps 30 --eval_every 15 --checkpoint_every 30 --log_every 5"
 )
 declare -A STEP_GROUPS=(
     [throughput]="throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt"
     [bench]="bench_qlstm bench_memory_bf16 bench_memory_fp32"
     [train]="train_gpt train_qlstm train_lram_gpt train_pkm_gpt"
+    [feedback]="tests_feedback bench_feedback"
+    [feedback_train]="throughput_feedback train_feedback"
 )
 selected=()
 for name in ${@:-$ORDER}; do
@@ -127,7 +152,8 @@ for name in ${@:-$ORDER}; do
     elif [[ -v "STEPS[$name]" ]]; then
         selected+=("$name")
     else
-        echo "unknown step or group '$name'; steps:" $ORDER "; groups: throughput bench train" >&2
+        echo "unknown step or group '$name'; steps:" $ORDER "${STEP_GROUPS[feedback]} ${STEP_GROUPS[feedback_train]};" \
+            "groups: throughput bench train feedback feedback_train" >&2
         exit 2
     fi
 done
