@@ -27,9 +27,7 @@ def implementation(impl: str, device: torch.device):
     if device.type != "cuda" and not interpreting():
         raise ValueError("attention_impl='triton' on CPU needs TRITON_INTERPRET=1 set before triton is imported; "
                          "use 'naive' (or 'auto') on CPU")
-    from projects.feedback.ops.window_attention import (
-        triton as kernels,  # the reference needs no Triton
-    )
+    from projects.feedback.ops.window_attention import triton as kernels  # the reference needs no Triton
 
     return kernels
 
