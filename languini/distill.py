@@ -192,7 +192,7 @@ class Distillation:
                        "student_tokens_per_second": student}
         if student is None:
             note = "Distillation: the student's throughput is unknown, so nothing is charged for the teacher."
-            return dataclasses.replace(plan, notes=plan.notes + (note,))
+            return self._noted(plan, note)
         if forward is None:
             if self.charge_teacher:
                 raise ValueError(f"The teacher's forward cannot be charged: {source}. Give its forward throughput on "
@@ -200,14 +200,14 @@ class Distillation:
                                  "charging it with --charge_teacher false (results.json records that).")
             note = (f"Distillation: the teacher's forward is NOT charged to the budget (--charge_teacher false); its "
                     f"cost is unknown ({source}).")
-            return dataclasses.replace(plan, notes=plan.notes + (note,))
+            return self._noted(plan, note)
         charged = charged_tokens_per_second(student, forward)
         share = charged / forward  # of the reference time, spent in the teacher's forward when it is charged
         self.budget["teacher_share_when_charged"] = share
         if not self.charge_teacher:
             note = (f"Distillation: the teacher's forward is NOT charged to the budget (--charge_teacher false); "
                     f"charged, at {forward:,.0f} tokens/s ({source}), it would take {share:.0%} of the class.")
-            return dataclasses.replace(plan, notes=plan.notes + (note,))
+            return self._noted(plan, note)
         steps = plan.steps
         if plan.compute_class is not None:
             steps = training_steps(compute_class_seconds(plan.compute_class), charged, plan.global_batch_size,
@@ -217,7 +217,12 @@ class Distillation:
                 f"with the student's training ({student:,.0f} tokens/s): {charged:,.0f} tokens/s of reference time "
                 f"(the throughput above), the teacher taking {share:.0%} of it; {steps:,} steps"
                 + (f" where a plain run trains {plan.steps:,}." if plan.compute_class is not None else "."))
-        return dataclasses.replace(plan, tokens_per_second=charged, steps=steps, notes=plan.notes + (note,))
+        return self._noted(plan, note, tokens_per_second=charged, steps=steps)
+
+    def _noted(self, plan: Plan, note: str, **changes) -> Plan:
+        """The plan with `changes` and the note said under it, which the record keeps too."""
+        self.budget["note"] = note
+        return dataclasses.replace(plan, notes=plan.notes + (note,), **changes)
 
     def record(self) -> dict:
         """config.json's and results.json's "distillation"."""

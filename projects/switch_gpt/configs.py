@@ -30,6 +30,9 @@ class ModelConfig:
     router_z_coef: float = 0.0  # router z-loss mean(logsumexp(logits)^2) coefficient (ST-MoE: 1e-3); 0: off
     init_scale: float = 0.1  # Switch's s: router and expert weights ~ truncated normal, std sqrt(s / fan_in)
     experts_impl: str = "auto"  # auto: the Triton kernel on GPU, the per-expert loop on CPU; naive; triton
+    # Switch for attention: in the MoE blocks the q and the shared k/v projections are Switch layers too, one
+    # router each (the Switch paper saw it diverge in bf16, fine in fp32: train it with --precision fp32)
+    expert_attention: bool = False
 
 
 _GPT_SIZES = {
