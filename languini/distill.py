@@ -167,7 +167,7 @@ class Distillation:
         """What a resumed run must share with the run it continues."""
         return {"teacher": str(self.teacher.run_dir), "hard_weight": self.hard_weight,
                 "soft_weight": self.soft_weight, "init_from_teacher": self.init_from_teacher,
-                "teacher_charged": self.charge_teacher}
+                "charge_teacher": self.charge_teacher}
 
     def teacher_forward_tokens_per_second(self, reference_hardware: str) -> tuple[float | None, str]:
         """The teacher's forward throughput on the reference hardware, and where it comes from."""
@@ -188,19 +188,16 @@ class Distillation:
                              "stage at its own throughput); train the student at one length.")
         forward, source = self.teacher_forward_tokens_per_second(plan.reference_hardware)
         student = plan.tokens_per_second
-        self.budget = {"teacher_forward_tokens_per_second": forward, "teacher_forward_source": source,
-                       "student_tokens_per_second": student}
-        if student is None:
-            note = "Distillation: the student's throughput is unknown, so nothing is charged for the teacher."
-            return self._noted(plan, note)
-        if forward is None:
-            if self.charge_teacher:
+        self.budget = {"teacher_charged": False, "teacher_forward_tokens_per_second": forward,
+                       "teacher_forward_source": source, "student_tokens_per_second": student}
+        if forward is None or student is None:
+            if self.charge_teacher and plan.compute_class is not None:
                 raise ValueError(f"The teacher's forward cannot be charged: {source}. Give its forward throughput on "
                                  f"{plan.reference_hardware} with --teacher_tokens_per_second N, or train without "
                                  "charging it with --charge_teacher false (results.json records that).")
-            note = (f"Distillation: the teacher's forward is NOT charged to the budget (--charge_teacher false); its "
-                    f"cost is unknown ({source}).")
-            return self._noted(plan, note)
+            why = ("--charge_teacher false" if not self.charge_teacher else source if forward is None
+                   else "the student's throughput is unknown")
+            return self._noted(plan, f"Distillation: the teacher's forward is NOT charged to the budget ({why}).")
         charged = charged_tokens_per_second(student, forward)
         share = charged / forward  # of the reference time, spent in the teacher's forward when it is charged
         self.budget["teacher_share_when_charged"] = share
@@ -212,7 +209,7 @@ class Distillation:
         if plan.compute_class is not None:
             steps = training_steps(compute_class_seconds(plan.compute_class), charged, plan.global_batch_size,
                                    plan.seq_len)
-        self.budget["charged_tokens_per_second"] = charged
+        self.budget.update(teacher_charged=True, charged_tokens_per_second=charged)
         note = (f"Distillation: the teacher's forward ({forward:,.0f} tokens/s: {source}) is charged to the budget "
                 f"with the student's training ({student:,.0f} tokens/s): {charged:,.0f} tokens/s of reference time "
                 f"(the throughput above), the teacher taking {share:.0%} of it; {steps:,} steps"

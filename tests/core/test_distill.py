@@ -102,6 +102,9 @@ def test_a_teacher_measured_elsewhere_is_charged_only_with_its_throughput(tmp_pa
     uncharged = distill.Distillation(teacher_run(tmp_path, hardware="RTX 3090"), SwitchGPT, switch_configs,
                                      charge_teacher=False)
     assert uncharged.plan(plan_of()).steps == 6000
+    steps_budget = d.plan(plan_of(compute_class=None))  # --max_steps: the steps stand, the time leaves it out
+    assert steps_budget.steps == 6000 and "NOT charged" in steps_budget.notes[-1]
+    assert d.record()["distillation"]["teacher_charged"] is False
     with pytest.raises(ValueError, match="not both 0"):
         distill.Distillation(teacher_run(tmp_path), SwitchGPT, switch_configs, hard_weight=0, soft_weight=0)
 
