@@ -1,7 +1,7 @@
 """A GPT (projects/gpt, copied) whose MLP in every other block is a Switch mixture of experts (Fedus et al. 2021;
 GShard's top-2 as an option): a float32 router, top-k routing, capacity in training with overflow passed through
 the residual, Switch's 0.1 initialisation scale, the load-balancing loss (and an optional router z-loss) returned
-as auxiliary losses."""
+as auxiliary losses; optionally Switch layers for the attention's q and shared k/v too (--expert_attention)."""
 import math
 import warnings
 
@@ -299,7 +299,7 @@ class Model(nn.Module):
             layer.eval_counts.zero_()
 
     def memory_stats(self) -> dict:
-        """Per MoE block, the share of token choices per expert and its coefficient of variation (std / mean,
+        """Per Switch layer, the share of token choices per expert and its coefficient of variation (std / mean,
         0 for a perfectly balanced load) since reset_memory_stats; and the mean CV over blocks."""
         stats = {name: load_stats(layer.eval_counts) for name, layer in self.switch_layers().items()}
         return {"expert_load": stats, "mean_cv": sum(s["cv"] for s in stats.values()) / len(stats)}
