@@ -87,7 +87,8 @@ def gain_kept(teacher_eval: dict, baseline_eval: dict, student_eval: dict) -> di
     for mode, splits in student_eval.items():
         for split, row in splits.items():
             teacher, baseline = teacher_eval.get(mode, {}).get(split), baseline_eval.get(mode, {}).get(split)
-            if teacher is None or baseline is None or not teacher["scored_tokens"] == baseline["scored_tokens"] == row["scored_tokens"]:
+            if teacher is None or baseline is None or not (
+                    teacher["scored_tokens"] == baseline["scored_tokens"] == row["scored_tokens"]):
                 continue  # not evaluated alike: no fraction
             base = math.log(baseline["normalised_perplexity"])
             gain = base - math.log(teacher["normalised_perplexity"])

@@ -159,3 +159,15 @@ def test_without_the_teacher_in_the_loss_the_student_trains_as_a_plain_run(train
     losses = [[r["loss"] for r in rows(tmp_path / kind / "r") if r["event"] == "train"]
               for kind in ("plain", "distilled")]
     assert losses[0] == losses[1] and len(losses[0]) == 3
+
+
+def test_gain_kept_by_hand():
+    """Teacher 2, baseline 4, student sqrt(8): half the gain in log perplexity; a split scored otherwise: none."""
+    def row(ppl, tokens=100):
+        return {"normalised_perplexity": ppl, "scored_tokens": tokens}
+
+    kept = distill.gain_kept({"fast": {"test": row(2.0), "valid": row(2.0)}},
+                             {"fast": {"test": row(4.0), "valid": row(4.0, tokens=50)}},
+                             {"fast": {"test": row(math.sqrt(8)), "valid": row(3.0)}})
+    assert kept == {"fast": {"test": {"teacher": 2.0, "baseline": 4.0, "student": math.sqrt(8),
+                                      "fraction_kept": pytest.approx(0.5)}}}
