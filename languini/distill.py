@@ -252,8 +252,8 @@ class DistillationTrainer(Trainer):
     """The core trainer with the distillation loss as its objective (TrainStep.objective): the language-model
     part hard_weight x cross-entropy, and soft_weight x KL(teacher || student) as the auxiliary loss
     `distill_kl`, logged as `aux_distill_kl` beside the plain cross-entropy `loss`. The teacher's carried states
-    (a stateful teacher) are saved in the checkpoint; under torchrun only the first process's, so a resumed
-    multi-process run starts the others' teacher states afresh."""
+    (a stateful teacher) are saved in the checkpoint and resumed in a single process; a resumed multi-process run
+    starts them afresh."""
 
     def __init__(self, *, distillation: Distillation, **kwargs):
         # before the trainer's own init, which may resume (load_state_dict)
