@@ -12,6 +12,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -57,6 +58,21 @@ class RunConfig:
     dry_run: bool = arg(False, "print the training plan and exit (true/false)")
 
 
+class RunExtension(Protocol):
+    """What a tool built on train.py adds to a run (scripts/distill.py, languini/distill.py): its own work charged
+    to the budget, a tag on the run folder's default name, and entries for config.json and results.json."""
+
+    run_tag: str  # appended to the default run name, so the run does not take a plain run's folder
+
+    def plan(self, plan: planning.Plan) -> planning.Plan:
+        """The plan with the extension's work charged to it (or said not to be), before it is printed."""
+        ...
+
+    def record(self) -> dict:
+        """Entries for config.json and results.json (asked for once the trainer is built)."""
+        ...
+
+
 def build_parser(project: str, configs, argv: list[str] | None = None) -> argparse.ArgumentParser:
     """train.py's flags; the model flags' defaults shown are those of the --config in argv (else the default
     config here: 'cpu' without a GPU, else 'small')."""
@@ -86,19 +102,21 @@ def _config_named(argv: list[str] | None, configs) -> str | None:
     return name if name in configs.SIZES else None
 
 
-def main(project: str, configs, model_cls, argv: list[str] | None = None, trainer_cls: type[Trainer] = Trainer
-         ) -> dict | None:
+def main(project: str, configs, model_cls, argv: list[str] | None = None, trainer_cls: type[Trainer] = Trainer,
+         extension: RunExtension | None = None, script: tuple[str, list[str]] | None = None) -> dict | None:
     """The command line of projects/<project>/train.py; trainer_cls: a subclass of Trainer (its own training
-    step, say) to train with."""
+    step, say) to train with; extension: what a tool built on train.py adds to the run (RunExtension); script: the
+    tool's path and its whole command line, for the command that continues a stopped run."""
     args = build_parser(project, configs, argv).parse_args(argv)
     try:
         # SIGTERM/SIGUSR1/SIGINT: the run stops after its current step with a checkpoint and exits unfinished
         with StopSignals(announce=int(os.environ.get("RANK", "0")) == 0) as stop:
-            return run(project, configs, model_cls, args, stop, trainer_cls)
+            return run(project, configs, model_cls, args, stop, trainer_cls, extension)
     except StopRequested as e:  # exit code EXIT_UNFINISHED tells a requeue script to run the same command again
         if e.announce:
-            command = run_folder.continue_command(project, sys.argv[1:] if argv is None else argv,
-                                                  int(os.environ.get("WORLD_SIZE", "1")), e.drop_flags)
+            path, script_argv = script or (None, sys.argv[1:] if argv is None else argv)
+            command = run_folder.continue_command(project, script_argv, int(os.environ.get("WORLD_SIZE", "1")),
+                                                  e.drop_flags, path)
             print(f"{e}\nContinue with the same command and --resume auto:\n  {command}", flush=True)
         sys.exit(EXIT_UNFINISHED)
     except KeyboardInterrupt:  # Ctrl-C after a first stop signal
@@ -110,7 +128,7 @@ def main(project: str, configs, model_cls, argv: list[str] | None = None, traine
 
 
 def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSignals | None = None,
-        trainer_cls: type[Trainer] = Trainer) -> dict | None:
+        trainer_cls: type[Trainer] = Trainer, extension: RunExtension | None = None) -> dict | None:
     """One run: settings, data, plan, run folder, trainer, training, evaluation, records (None: a dry run; the
     finished results otherwise). A run stopped before its last step (a signal, --stop_at_step) raises
     StopRequested, which main() turns into the exit code EXIT_UNFINISHED."""
@@ -144,12 +162,15 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     # every process plans the evaluation: its caps, sized to the class, must be the same on all of them
     plan = planning.plan_run(model, model_cls, model_cfg, tcfg, device, ddp.world_size, fwd_flops, dataset, stateful,
                              settings.cpu_path, rcfg.out_dir, say)
+    if extension is not None:
+        plan = extension.plan(plan)
     say(planning.format_plan(plan))
     if rcfg.dry_run:
         return None
 
     # the run folder: a continued run keeps the plan it started with
-    run_dir = Path(rcfg.out_dir) / (rcfg.run_name or default_run_name(project, config_name, dataset, tcfg, plan.steps))
+    run_dir = Path(rcfg.out_dir) / (rcfg.run_name or default_run_name(project, config_name, dataset, tcfg, plan.steps)
+                                    + (extension.run_tag if extension is not None else ""))
     resume = run_folder.start_or_continue(run_dir, rcfg.resume, rcfg.overwrite, say, ddp.main)
     if resume:
         plan = planning.resumed(plan, run_dir, say)
@@ -172,9 +193,10 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
                           decode=sp.decode, resume=resume, schedule=plan.schedule())
     if ddp.main:  # only now: a batch the data cannot fill fails above without leaving an empty run folder
         run_dir.mkdir(parents=True, exist_ok=True)
+    extra = extension.record() if extension is not None else {}
     config = {"project": project, "config": config_name, "model": dataclasses.asdict(model_cfg),
               "train": run_record(tcfg, rcfg), "dataset_name": dataset.name,
-              "dataset_fingerprint": dataset.fingerprint, **plan.record()}
+              "dataset_fingerprint": dataset.fingerprint, **plan.record(), **extra}
     if ddp.main:  # what scripts/evaluate.py needs to rebuild the model and its data
         write_json(run_dir / run_folder.RUN_CONFIG, config)
     log = RunLog(run_dir, config, rcfg.wandb, rcfg.wandb_project, rcfg.tensorboard, enabled=ddp.main,
@@ -202,7 +224,7 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
         evals = trainer.final_evaluation(log)
         results = {**run_results(trainer, rcfg, evals), "model_fingerprint": model.fingerprint,
                    "model_flags": model.flags, "throughput_row": plan.throughput_record(), "throughput_check": check,
-                   **provenance}
+                   **provenance, **extra}
     finally:
         log.close()
     if ddp.main:

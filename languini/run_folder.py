@@ -81,9 +81,10 @@ def finished_results(run_dir: Path, model_config: dict, steps: int) -> dict | No
     return results
 
 
-def continue_command(project: str, argv: list[str], world_size: int = 1, drop_flags: tuple[str, ...] = ()) -> str:
-    """The command line that continues a stopped run: the same flags with --resume auto (and no --overwrite, nor
-    any of drop_flags)."""
+def continue_command(project: str, argv: list[str], world_size: int = 1, drop_flags: tuple[str, ...] = (),
+                     script: str | None = None) -> str:
+    """The command line that continues a stopped run: the same script (the project's train.py unless given) and
+    flags with --resume auto (and no --overwrite, nor any of drop_flags)."""
     dropped = ("--resume", "--overwrite", *drop_flags)
     kept, skip = [], False
     for arg in argv:
@@ -94,4 +95,4 @@ def continue_command(project: str, argv: list[str], world_size: int = 1, drop_fl
         elif not arg.startswith(tuple(f"{flag}=" for flag in dropped)):
             kept.append(arg)
     launcher = ["torchrun", "--nproc_per_node", str(world_size)] if world_size > 1 else ["python"]
-    return shlex.join([*launcher, f"projects/{project}/train.py", *kept, "--resume", "auto"])
+    return shlex.join([*launcher, script or f"projects/{project}/train.py", *kept, "--resume", "auto"])

@@ -223,6 +223,9 @@ class TrainStep:
         self.micro_batches, self.device, self.world_size = micro_batches, device, world_size
         self.hidden = None  # the output layer's inputs of this step, for an after-step hook; else None
         self._hook = None
+        # a trainer's own objective (languini/distill.py): (micro-batch index, x, logits, y, cross-entropy) ->
+        # (the loss to train on in place of the cross-entropy, auxiliary losses to add and log); None: none
+        self.objective = None
         if isinstance(model, model_contract.WithAfterStep):
             self.hidden = []
             self._hook = model_contract.output_head(model).register_forward_hook(self._record_hidden)
@@ -260,7 +263,11 @@ class TrainStep:
                 with self.autocast():
                     logits, state, aux = aux_loss.unpack(self.train_model(xm, states[m]))
                 loss = F.cross_entropy(logits.float().flatten(0, 1), ym.flatten())
-                objective = (loss + aux_loss.total(aux)) / M
+                trained = loss
+                if self.objective is not None:
+                    trained, extra = self.objective(m, xm, logits, ym, loss)
+                    aux = {**aux, **extra}
+                objective = (trained + aux_loss.total(aux)) / M
                 (self.scaler.scale(objective) if self.scaler else objective).backward()
             states[m] = detach(state)
             total += loss.detach() / M

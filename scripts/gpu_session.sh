@@ -4,11 +4,12 @@
 # own timeout and does not stop the ones after it; $OUT/summary.tsv lists step, exit code, seconds, verdict.
 # The script exits with 1 when any step failed.
 #
-#   OUT=/path/to/results bash scripts/gpu_session.sh            # all steps; their timeouts sum to ~30 min
+#   OUT=/path/to/results bash scripts/gpu_session.sh            # all steps; their timeouts sum to ~37 min
 #   bash scripts/gpu_session.sh env tests                       # chosen steps or groups, in the order given
 #
 # Steps (timeouts in seconds) and groups; each line's timeouts sum to under 10 minutes, a common limit per command:
 #   env (45) tests (390; 8 processes with pytest-xdist where it is installed)
+#   switch_gpt (420: its kernel tests on CUDA, a small teacher distilled into a GPT, Switch attention in fp32)
 #   throughput = throughput_gpt (90) throughput_qlstm (90) throughput_lram_gpt (210) throughput_pkm_gpt (190)
 #   bench      = bench_qlstm (150) bench_memory_bf16 (200) bench_memory_fp32 (200)
 #   bench_pkm_torch_search (120): PKM with its old search (torch.topk), to set beside bench_memory_bf16's PKM
@@ -112,15 +113,33 @@ bench_feedback() {  # training and generation speed against the GPT of the same 
             --csv "$OUT/bench_feedback_mini_b256.csv"
 }
 
-export -f env_report kernel_tests throughput_sweep bench_qlstm bench_memory_layers bench_pkm_torch_search train_smoke \
-    feedback_tests bench_feedback
+switch_gpt_check() {  # its kernel tests on CUDA; a small switch_gpt (bf16, the grouped kernel) distilled into a gpt
+    env -u TRITON_INTERPRET LANGUINI_TEST_DEVICE=cuda python -m pytest tests/switch_gpt -q -p no:cacheprovider \
+        --durations=10 || return 1
+    local data=() common
+    [[ -n "${DATA_ROOT:-}" && -n "${VOCAB_SIZE:-}" ]] && data=(--data_root "$DATA_ROOT" --vocab_size "$VOCAB_SIZE")
+    common=(--config small "${data[@]}" --max_steps 100 --batch_size 16 --eval_max_batches 4 --slow_eval_max_windows 8
+            --eval_every 50 --log_every 20 --out_dir "$SCRATCH/switch")
+    python projects/switch_gpt/train.py "${common[@]}" --run_name teacher &&
+        python scripts/distill.py --teacher "$SCRATCH/switch/teacher" --project gpt "${common[@]}" --run_name student &&
+        python projects/switch_gpt/train.py "${common[@]}" --expert_attention true --precision fp32 --run_name attention
+    local status=$?
+    mkdir -p "$OUT/runs"
+    (cd "$SCRATCH/switch" 2>/dev/null && find . -type f ! -name '*.pt' -exec cp --parents {} "$OUT/runs/" \;)
+    rm -rf "$SCRATCH/switch"
+    return $status
+}
 
-ORDER="env tests throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt bench_qlstm
+export -f env_report kernel_tests throughput_sweep bench_qlstm bench_memory_layers bench_pkm_torch_search train_smoke \
+    feedback_tests bench_feedback switch_gpt_check
+
+ORDER="env tests switch_gpt throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt bench_qlstm
        bench_memory_bf16 bench_memory_fp32 bench_pkm_torch_search train_gpt train_qlstm train_lram_gpt train_pkm_gpt"
 # step: timeout in seconds, command
 declare -A STEPS=(
     [env]="45 env_report"
     [tests]="390 kernel_tests"
+    [switch_gpt]="420 switch_gpt_check"
     [throughput_gpt]="90 throughput_sweep gpt"
     [throughput_qlstm]="90 throughput_sweep qlstm"
     [throughput_lram_gpt]="210 throughput_sweep lram_gpt --derive 'RTX 3090' --baseline gpt:small"

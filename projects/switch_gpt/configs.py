@@ -35,6 +35,9 @@ class ModelConfig:
     init_scale: float = arg(0.1, "Switch's s: router and expert weights ~ truncated normal, std sqrt(s / fan_in)")
     experts_impl: str = arg("auto", "auto: the Triton kernel on GPU, the per-expert loop on CPU",
                             choices=("auto", "naive", "triton"))
+    expert_attention: bool = arg(False, "Switch for attention: in the MoE blocks the q and the shared k/v "
+                                        "projections are Switch layers too, one router each (the Switch paper saw it "
+                                        "diverge in bf16, fine in fp32: train it with --precision fp32)")
 
 
 _GPT_SIZES = {

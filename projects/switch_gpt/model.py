@@ -1,8 +1,9 @@
 """A GPT (projects/gpt, copied) whose MLP in every other block is a Switch mixture of experts (Fedus et al. 2021;
 GShard's top-2 as an option): a float32 router, top-k routing, capacity in training with overflow passed through
 the residual, Switch's 0.1 initialisation scale, the load-balancing loss (and an optional router z-loss) returned
-as auxiliary losses."""
+as auxiliary losses; optionally Switch layers for the attention's q and shared k/v too (--expert_attention)."""
 import math
+import warnings
 
 import torch
 import torch.nn as nn
@@ -15,25 +16,40 @@ ATTENTION = ("math", "sdpa")
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """The GPT's attention; with experts (Switch for attention, --expert_attention) the q and the shared k/v
+    projections are Switch layers, one router each. Returns (output, auxiliary losses)."""
+
+    def __init__(self, cfg: ModelConfig, experts: bool = False):
         super().__init__()
         if cfg.attention not in ATTENTION:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, not {cfg.attention!r}")
         self.n_heads, self.d_head, self.impl = cfg.n_heads, cfg.d_head, cfg.attention
         inner = cfg.n_heads * cfg.d_head
-        self.qkv = nn.Linear(cfg.d_model, 3 * inner)
+        self.experts = experts
+        if experts:  # k and v of a token come from one expert of the k/v layer ("shared keys and values")
+            self.q, self.kv = SwitchLinear(cfg, cfg.d_model, inner), SwitchLinear(cfg, cfg.d_model, 2 * inner)
+        else:
+            self.qkv = nn.Linear(cfg.d_model, 3 * inner)
         self.proj = nn.Linear(inner, cfg.d_model)
 
     def forward(self, x):
         B, T, _ = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
+        if self.experts:
+            if torch.is_autocast_enabled(x.device.type) and self.training:
+                warnings.warn("Switch attention diverged in bfloat16 in the Switch Transformer paper (appendix A; "
+                              "fine in float32): consider --precision fp32.", stacklevel=2)
+            (q, q_aux), (kv, kv_aux) = self.q(x), self.kv(x)
+            qkv, aux = torch.cat([q, kv], dim=-1), add_losses(q_aux, kv_aux)
+        else:
+            qkv, aux = self.qkv(x), {}
+        q, k, v = qkv.view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
         if self.impl == "sdpa":
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:  # as the official code: under autocast the softmax runs in fp32, the products in half precision
             scores = torch.einsum("bhid,bhjd->bhij", q, k) * self.d_head ** -0.5
             future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
             y = torch.einsum("bhij,bhjd->bhid", F.softmax(scores.masked_fill(future, float("-inf")), dim=-1), v)
-        return self.proj(y.transpose(1, 2).reshape(B, T, -1))
+        return self.proj(y.transpose(1, 2).reshape(B, T, -1)), aux
 
 
 class MLP(nn.Module):
@@ -65,30 +81,25 @@ def truncated_normal_(weight: torch.Tensor, scale: float, fan_in: int) -> None:
     nn.init.trunc_normal_(weight, std=std, a=-2 * std, b=2 * std)
 
 
-class SwitchMLP(nn.Module):
-    """E experts (each a GPT MLP) behind a router; returns (output, auxiliary losses)."""
+def add_losses(a: dict, b: dict) -> dict:
+    """Auxiliary losses of several Switch layers, summed by name (as Switch sums them over its layers)."""
+    return {name: a[name] + b[name] if name in a and name in b else a.get(name, b.get(name)) for name in {**a, **b}}
 
-    def __init__(self, cfg: ModelConfig):
+
+class SwitchLayer(nn.Module):
+    """A Switch layer's router and its bookkeeping: float32 top-k routing, the capacity in training, the expert
+    load and the auxiliary losses. Subclasses hold the experts: SwitchMLP (MLPs), SwitchLinear (linear maps)."""
+
+    def __init__(self, cfg: ModelConfig, d_in: int):
         super().__init__()
-        E, d, h = cfg.n_experts, cfg.d_model, cfg.mlp_ratio * cfg.d_model
+        E = cfg.n_experts
         self.cfg, self.k = cfg, 2 if cfg.routing == "top2" else 1
-        self.router = nn.Linear(d, E, bias=False)
-        # Expert weights laid out (E, in, out), the grouped GEMM's x @ W.
-        self.fc_weight, self.fc_bias = nn.Parameter(torch.empty(E, d, h)), nn.Parameter(torch.zeros(E, h))
-        self.proj_weight, self.proj_bias = nn.Parameter(torch.empty(E, h, d)), nn.Parameter(torch.zeros(E, d))
+        self.router = nn.Linear(d_in, E, bias=False)
         # Expert load, as token-choice counts per expert: in eval mode since reset_memory_stats (per split), and
         # in training since the last train_metrics() (with the choices dropped for capacity).
         self.register_buffer("eval_counts", torch.zeros(E, dtype=torch.long), persistent=False)
         self.register_buffer("train_counts", torch.zeros(E, dtype=torch.long), persistent=False)
         self.register_buffer("train_dropped", torch.zeros((), dtype=torch.long), persistent=False)
-
-    def init_weights(self) -> None:
-        s, d, h = self.cfg.init_scale, self.fc_weight.shape[1], self.fc_weight.shape[2]
-        truncated_normal_(self.router.weight, s, d)
-        truncated_normal_(self.fc_weight, s, d)
-        truncated_normal_(self.proj_weight, s, h)
-        nn.init.zeros_(self.fc_bias)
-        nn.init.zeros_(self.proj_bias)
 
     def capacity(self, n_tokens: int) -> int:
         """Slots per expert in training: capacity_factor x k x tokens / E (at least one)."""
@@ -104,9 +115,10 @@ class SwitchMLP(nn.Module):
             gates = top_p if self.k == 1 else top_p / top_p.sum(-1, keepdim=True)  # GShard renormalises two
         return logits, probs, choice, gates
 
-    def forward(self, x):
-        shape, E = x.shape, self.cfg.n_experts
-        x = x.reshape(-1, shape[-1])
+    def dispatch(self, x: torch.Tensor):
+        """For tokens x (N, d): each choice's expert (-1 where dropped for capacity, in training only), its gate,
+        and the auxiliary losses; the expert load counted."""
+        E = self.cfg.n_experts
         logits, probs, choice, gates = self.route(x)
         expert_index = choice
         counts = count_per_expert(choice.flatten(), E)
@@ -119,15 +131,69 @@ class SwitchMLP(nn.Module):
         else:
             with torch.no_grad():
                 self.eval_counts += counts
-        out = experts(x, expert_index, gates, self.fc_weight, self.fc_bias, self.proj_weight, self.proj_bias,
-                      self.cfg.experts_impl)
         # Switch's load-balancing loss: f_i the share of tokens whose first choice is expert i, P_i the mean
         # router probability of expert i.
         first = count_per_expert(choice[:, 0], E).float() / x.shape[0]
         aux = {"load_balancing": self.cfg.load_balance_coef * E * (first * probs.mean(0)).sum()}
         if self.cfg.router_z_coef:
             aux["router_z"] = self.cfg.router_z_coef * torch.logsumexp(logits, -1).square().mean()
+        return expert_index, gates, aux
+
+    def parameters_per_expert(self) -> int:
+        return (sum(p.numel() for p in self.parameters()) - self.router.weight.numel()) // self.cfg.n_experts
+
+
+class SwitchMLP(SwitchLayer):
+    """E experts (each a GPT MLP) behind a router; returns (output, auxiliary losses)."""
+
+    def __init__(self, cfg: ModelConfig):
+        E, d, h = cfg.n_experts, cfg.d_model, cfg.mlp_ratio * cfg.d_model
+        super().__init__(cfg, d)
+        # Expert weights laid out (E, in, out), the grouped GEMM's x @ W.
+        self.fc_weight, self.fc_bias = nn.Parameter(torch.empty(E, d, h)), nn.Parameter(torch.zeros(E, h))
+        self.proj_weight, self.proj_bias = nn.Parameter(torch.empty(E, h, d)), nn.Parameter(torch.zeros(E, d))
+
+    def init_weights(self) -> None:
+        s, d, h = self.cfg.init_scale, self.fc_weight.shape[1], self.fc_weight.shape[2]
+        truncated_normal_(self.router.weight, s, d)
+        truncated_normal_(self.fc_weight, s, d)
+        truncated_normal_(self.proj_weight, s, h)
+        nn.init.zeros_(self.fc_bias)
+        nn.init.zeros_(self.proj_bias)
+
+    def forward(self, x):
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        expert_index, gates, aux = self.dispatch(x)
+        out = experts(x, expert_index, gates, self.fc_weight, self.fc_bias, self.proj_weight, self.proj_bias,
+                      self.cfg.experts_impl)
         return out.view(shape), aux
+
+
+class SwitchLinear(SwitchLayer):
+    """E linear maps d_in -> d_out behind a router (Switch for attention: the q projection, or the shared k/v
+    one), routed as SwitchMLP; the experts run as a loop over experts on every device. Returns (output,
+    auxiliary losses); a choice dropped for capacity contributes 0."""
+
+    def __init__(self, cfg: ModelConfig, d_in: int, d_out: int):
+        super().__init__(cfg, d_in)
+        self.weight = nn.Parameter(torch.empty(cfg.n_experts, d_in, d_out))
+        self.bias = nn.Parameter(torch.zeros(cfg.n_experts, d_out))
+
+    def init_weights(self) -> None:
+        truncated_normal_(self.router.weight, self.cfg.init_scale, self.weight.shape[1])
+        truncated_normal_(self.weight, self.cfg.init_scale, self.weight.shape[1])
+        nn.init.zeros_(self.bias)
+
+    def forward(self, x):
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        expert_index, gates, aux = self.dispatch(x)
+        out = x.new_zeros(x.shape[0], self.weight.shape[2])
+        for e, (w, b) in enumerate(zip(self.weight.unbind(0), self.bias.unbind(0))):
+            token, choice = (expert_index == e).nonzero(as_tuple=True)
+            out = out.index_add(0, token, ((x[token] @ w + b) * gates[token, choice, None]).to(out.dtype))
+        return out.view(*shape[:-1], -1), aux
 
 
 def experts(x, expert_index, gates, fc_weight, fc_bias, proj_weight, proj_bias, impl: str):
@@ -142,15 +208,16 @@ def experts(x, expert_index, gates, fc_weight, fc_bias, proj_weight, proj_bias, 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, moe: bool):
         super().__init__()
-        self.ln1, self.attn = nn.LayerNorm(cfg.d_model), Attention(cfg)
+        self.ln1, self.attn = nn.LayerNorm(cfg.d_model), Attention(cfg, experts=moe and cfg.expert_attention)
         self.ln2, self.mlp = nn.LayerNorm(cfg.d_model), (SwitchMLP(cfg) if moe else MLP(cfg))
 
     def forward(self, x):
-        x = x + self.attn(self.ln1(x))
+        y, aux = self.attn(self.ln1(x))
+        x = x + y
         if isinstance(self.mlp, SwitchMLP):
-            y, aux = self.mlp(self.ln2(x))
-            return x + y, aux  # a dropped token's y is 0: the residual passes it through
-        return x + self.mlp(self.ln2(x)), {}
+            y, mlp_aux = self.mlp(self.ln2(x))
+            return x + y, add_losses(aux, mlp_aux)  # a dropped token's y is 0: the residual passes it through
+        return x + self.mlp(self.ln2(x)), aux
 
 
 class Model(nn.Module):
@@ -168,6 +235,9 @@ class Model(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init)
         for block in self.blocks:
+            if block.attn.experts:
+                block.attn.q.init_weights()
+                block.attn.kv.init_weights()
             if isinstance(block.mlp, SwitchMLP):
                 block.mlp.init_weights()
             else:  # GPT-2: the MLP's residual write is scaled down with depth
@@ -180,8 +250,15 @@ class Model(nn.Module):
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
-    def switch_layers(self) -> dict[str, SwitchMLP]:
-        return {f"block_{i}": b.mlp for i, b in enumerate(self.blocks) if isinstance(b.mlp, SwitchMLP)}
+    def switch_layers(self) -> dict[str, SwitchLayer]:
+        """Every Switch layer by name: block_<i> the MLP of block i, block_<i>_q and block_<i>_kv its attention's."""
+        layers = {}
+        for i, block in enumerate(self.blocks):
+            if block.attn.experts:
+                layers.update({f"block_{i}_q": block.attn.q, f"block_{i}_kv": block.attn.kv})
+            if isinstance(block.mlp, SwitchMLP):
+                layers[f"block_{i}"] = block.mlp
+        return layers
 
     def forward(self, x, state=None):
         T = x.shape[1]
@@ -193,18 +270,14 @@ class Model(nn.Module):
         aux = {}
         for block in self.blocks:
             h, block_aux = block(h)
-            for name, value in block_aux.items():  # each MoE layer's losses, summed over layers as in Switch
-                aux[name] = aux[name] + value if name in aux else value
+            aux = add_losses(aux, block_aux)
         return self.head(self.ln_f(h)), None, aux
 
     def active_parameters(self) -> int:
         """Parameters a token passes through: all but the experts it is not routed to."""
         total = sum(p.numel() for p in self.parameters())
         for layer in self.switch_layers().values():
-            E = layer.cfg.n_experts
-            per_expert = sum(p.numel() for p in (layer.fc_weight, layer.fc_bias, layer.proj_weight,
-                                                  layer.proj_bias)) // E
-            total -= (E - layer.k) * per_expert
+            total -= (layer.cfg.n_experts - layer.k) * layer.parameters_per_expert()
         return total
 
     def extra_flops(self, seq_len: int) -> int:
@@ -216,7 +289,8 @@ class Model(nn.Module):
         if not uses_kernel:
             return 0
         d, h = self.cfg.d_model, self.cfg.mlp_ratio * self.cfg.d_model
-        return sum(layer.k * seq_len * (4 * d * h + h) for layer in self.switch_layers().values())
+        return sum(layer.k * seq_len * (4 * d * h + h) for layer in self.switch_layers().values()
+                   if isinstance(layer, SwitchMLP))  # Switch attention's experts are a loop the profiler sees
 
     # -- expert load (memory statistics) ----------------------------------------------------------------
     def reset_memory_stats(self) -> None:
@@ -225,7 +299,7 @@ class Model(nn.Module):
             layer.eval_counts.zero_()
 
     def memory_stats(self) -> dict:
-        """Per MoE block, the share of token choices per expert and its coefficient of variation (std / mean,
+        """Per Switch layer, the share of token choices per expert and its coefficient of variation (std / mean,
         0 for a perfectly balanced load) since reset_memory_stats; and the mean CV over blocks."""
         stats = {name: load_stats(layer.eval_counts) for name, layer in self.switch_layers().items()}
         return {"expert_load": stats, "mean_cv": sum(s["cv"] for s in stats.values()) / len(stats)}

@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from projects.shortformer import configs
 from projects.shortformer.model import Attention, Model

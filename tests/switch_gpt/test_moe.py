@@ -119,3 +119,40 @@ def test_forward_flops_agree_on_both_paths(device):
         model = Model(configs.get("cpu", experts_impl=impl, capacity_factor=100.0, seq_len=32)).to(device)
         counts.append(flops.forward_flops(model, 32, 2048, device))
     assert counts[1] == pytest.approx(counts[0], rel=1e-3)
+
+
+PATHS = [pytest.param(experts_naive, id="loop"), pytest.param(experts_grouped, id="grouped")]
+BAD_INPUTS = [  # (what, E, expert_index of 3 tokens, the error's words)
+    pytest.param(0, [[0], [0], [0]], "at least one expert", id="no-experts"),
+    pytest.param(3, [[0], [3], [1]], r"must lie in \[-1, 3\).* from 0 to 3", id="index-equal-to-E"),
+    pytest.param(3, [[0], [7], [1]], r"must lie in \[-1, 3\).* from 0 to 7", id="index-above-E"),
+    pytest.param(3, [[0], [-2], [1]], r"must lie in \[-1, 3\).* from -2 to 1", id="index-below-minus-1"),
+    pytest.param(3, [[0, 1], [1, 2], [2, 0]], "gates must have the shape of expert_index", id="gates-shape"),
+]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("E,index,message", BAD_INPUTS)
+def test_bad_inputs_give_the_same_clear_error_on_every_path(path, E, index, message, device):
+    d, h = 8, 16
+    x, gates = torch.randn(3, d, device=device), torch.rand(3, 1, device=device)
+    weights = [torch.randn(E, d, h, device=device), torch.zeros(E, h, device=device),
+               torch.randn(E, h, d, device=device), torch.zeros(E, d, device=device)]
+    with pytest.raises(ValueError, match=message):
+        path(x, torch.tensor(index, device=device), gates, *weights)
+
+
+@pytest.mark.parametrize("k", [1, 2, 0])
+def test_no_tokens_give_the_same_empty_result_on_every_path(k, device):
+    """No tokens (or no choices): an empty (0, d) result, and zero gradients for every weight, on either path."""
+    results = []
+    for path in (experts_naive, experts_grouped):
+        N = 0 if k else 5
+        _, tensors = inputs(N, 8, 16, 3, k, "one", device)
+        x, gates, *weights = tensors
+        out = path(x, torch.zeros(N, k, dtype=torch.long, device=device), gates, *weights)
+        out.sum().backward()
+        results.append((out, *(w.grad for w in weights)))
+    for ref, got in zip(*results):
+        assert got.shape == ref.shape and not got.any() and not ref.any()
+    assert results[0][0].shape == (0 if k else 5, 8)

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from languini.triton_utils import interpreting
+from projects.switch_gpt.ops.moe.naive import check_expert_inputs
 
 
 @triton.heuristics({"HAS_BIAS": lambda args: args["bias_ptr"] is not None,
@@ -126,6 +127,8 @@ def _grouped_mm_op(inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     """The grouped GEMM; weight (E, K, N) with any strides (a transposed view is the backward's W^T)."""
     K, N = weight.shape[1], weight.shape[2]
     out = torch.zeros(out_rows, N, device=inp.device, dtype=out_dtype)  # rows no expert writes stay 0
+    if slot.numel() == 0:  # no choices (no tokens): nothing to launch
+        return out
     block_m, block_n, block_k = _blocks(inp.dtype)
     tile_expert, tile_row = _tiles(offsets, slot.numel(), block_m)
     grid = (tile_expert.numel(), triton.cdiv(N, block_n))
@@ -146,6 +149,8 @@ def _weight_grad_op(a: torch.Tensor, g: torch.Tensor, scale: torch.Tensor | None
                     offsets: torch.Tensor, a_div: int, g_div: int, a_gather: bool, g_gather: bool) -> torch.Tensor:
     """(E, K, N) float32: each expert's sum of a-row^T g-row over its rows."""
     E, K, N = offsets.numel() - 1, a.shape[1], g.shape[1]
+    if slot.numel() == 0:  # no choices (no tokens): no expert has a gradient
+        return torch.zeros(E, K, N, device=a.device, dtype=torch.float32)
     dw = torch.empty(E, K, N, device=a.device, dtype=torch.float32)
     block_m, block_n, block_k = _blocks(a.dtype)
     grid = (E, triton.cdiv(K, block_k), triton.cdiv(N, block_n))
@@ -176,7 +181,7 @@ class _GroupedExperts(torch.autograd.Function):
         out = _grouped_mm_op(a, proj_weight, proj_bias, gate, slot, offsets, 1, False, True, R, torch.float32)
         ctx.save_for_backward(x, gates, fc_weight, proj_weight, proj_bias, slot, key, offsets, gate, h)
         ctx.k, ctx.bias_dtypes = k, (fc_bias.dtype, proj_bias.dtype)
-        return out.view(N, k, -1).sum(1)
+        return out.view(N, k, out.shape[1]).sum(1)  # the width spelled out: with no rows, -1 is ambiguous
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -193,7 +198,7 @@ class _GroupedExperts(torch.autograd.Function):
         d_proj_bias = _segment_sum(d_pre_unscaled * gate[:, None], key, E)
         dh = torch.ops.aten.gelu_backward(da, h, approximate="tanh")
         dx = _grouped_mm_op(dh, fc_weight.transpose(1, 2), None, None, slot, offsets, 1, False, True, R,
-                            torch.float32).view(N, k, -1).sum(1)
+                            torch.float32).view(N, k, x.shape[1]).sum(1)
         d_fc_weight = _weight_grad_op(x, dh, None, slot, offsets, k, 1, True, False)
         d_fc_bias = _segment_sum(dh, key, E)
         return (dx.to(x.dtype), d_gates.view(gates.shape).to(gates.dtype), d_fc_weight.to(fc_weight.dtype),
@@ -214,7 +219,10 @@ def experts_grouped(x: torch.Tensor, expert_index: torch.Tensor, gates: torch.Te
     Returns:
         (N, d) in x's dtype, as experts_naive (ops/moe/naive.py). Under autocast the GEMMs run in its dtype with
         float32 accumulation; the router weights and the sum over a token's choices stay in float32.
+    Raises:
+        ValueError, as experts_naive (check_expert_inputs): no experts, an index outside [-1, E), bad shapes.
     """
+    check_expert_inputs(x, expert_index, gates, fc_weight, fc_bias, proj_weight, proj_bias)
     E, k = fc_weight.shape[0], expert_index.shape[1]
     if torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)
