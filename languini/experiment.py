@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from languini import (compute_class, data_check, datasets, flops, model_contract, plan as planning, run_folder,
-                      stages, throughput, tokenizer)
+from languini import (compute_class, data_check, datasets, flops, model_contract, model_parallel, plan as planning,
+                      run_folder, stages, throughput, tokenizer)
 from languini.books import BooksDataset, DataError
 from languini.checkpoint import CheckpointError
 from languini.evaluation import describe_slow_protocol
@@ -112,9 +112,10 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     local_hw = throughput.local_device_name(device)
     model = throughput.model_spec(project, config_name, model_cfg)
     fwd_flops = None
-    if ddp.main:
-        fwd_flops = flops.forward_flops(model_cls(model_cfg).to(device), model_cfg.seq_len, model_cfg.vocab_size,
-                                        device)
+    if ddp.main:  # counted on this process alone, on the whole model
+        with model_parallel.single_process():
+            fwd_flops = flops.forward_flops(model_cls(model_cfg).to(device), model_cfg.seq_len, model_cfg.vocab_size,
+                                            device)
     plan = planning.plan_run(model, model_cls, model_cfg, tcfg, device, ddp.world_size, fwd_flops,
                              dataset if ddp.main else None, stateful, settings.cpu_path, rcfg.out_dir, say)
     say(planning.format_plan(plan))
@@ -126,7 +127,7 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     resume = run_folder.start_or_continue(run_dir, rcfg.resume, rcfg.overwrite, say, ddp.main)
     if resume:
         plan = planning.resumed(plan, run_dir, say)
-    finished = run_folder.finished_results(run_dir, dataclasses.asdict(model_cfg), plan.steps) if resume else None
+    finished = run_folder.finished_results(run_dir, model_cfg, plan.steps) if resume else None
     if finished is not None:
         say(f"{run_dir} is finished (results.json of {finished.get('finished')}): nothing left to train or "
             "evaluate. Train it again with --overwrite true, or another run with --run_name NAME.")
@@ -150,7 +151,7 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
         write_json(run_dir / run_folder.RUN_CONFIG, config)
     log = RunLog(run_dir, config, rcfg.wandb, rcfg.wandb_project, rcfg.tensorboard, enabled=ddp.main,
                  resume_step=trainer.step if resume else None, resume_rows=trainer.log_rows)
-    say(f"{sum(p.numel() for p in trainer.model.parameters()):,} parameters, {trainer.precision} on {local_hw}"
+    say(f"{model_parallel.parameter_count(trainer.model):,} parameters, {trainer.precision} on {local_hw}"
         f"{f' x {ddp.world_size}' if ddp.world_size > 1 else ''}; run folder {run_dir}")
     # train, evaluate, record results.json
     try:
@@ -281,7 +282,7 @@ def run_results(trainer: Trainer, rcfg: RunConfig, evals: dict) -> dict:
         "accelerator_seconds": pos["accelerator_seconds"],
         "accelerator_hours": pos["accelerator_seconds"] / 3600 if pos["accelerator_seconds"] is not None else None,
         "train_wall_seconds": trainer.train_seconds,
-        "parameters": sum(p.numel() for p in trainer.model.parameters()),
+        "parameters": model_parallel.parameter_count(trainer.model),
         "flops_per_forward": fwd,
         "total_flops": flops.train_flops_per_token(fwd, trainer.seq_len) * pos["tokens"] if fwd else None,
         "dataset": str(trainer.dataset.dir.resolve()), "dataset_name": trainer.dataset.name,
