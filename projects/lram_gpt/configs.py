@@ -6,6 +6,7 @@ LRAM paper's LRAM-medium (Table 2), its smallest memory that beat the baseline. 
 from the size (lattice.torus_for_memory_size).
 """
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 DEFAULT_MEMORY_SIZE = 2 ** 20
 MEMORY_EXPONENTS = range(16, 27)  # the issue's 2^16 .. 2^24 and beyond; the paper's largest is 2^22
@@ -23,9 +24,11 @@ class ModelConfig:
     # math: an explicit masked softmax, as the official Languini code (whose use_flash is off: the paper saw
     # gradient spikes with flash attention on its RTX 3090); sdpa: F.scaled_dot_product_attention (flash kernels)
     attention: str = "math"
-    # Index (from 0) of the block whose MLP the memory replaces; None: (2 * n_layers - 1) // 3, the last
-    # block of the first two thirds, which is the LRAM paper's 4th of 6 layers.
-    memory_layer: int | None = None
+    # Blocks (from 0) whose MLP a memory replaces, comma-separated ("2,4"); None: (2 * n_layers - 1) // 3, the
+    # last block of the first two thirds, which is the LRAM paper's 4th of 6 layers.
+    memory_layers: str | None = None
+    share_memory: bool = False  # the memory layers read one value table (LRAM paper, section 6)
+    memory_gate: str = "none"  # silu: Memory+ (Berges et al. 2024), the read times silu(W_g x) before the output map
     memory_size: int = DEFAULT_MEMORY_SIZE  # memory locations N, a power of two >= 256
     memory_value_dim: int = 64  # m, values per location; the paper's 64 gives the 4w read of section 3.1
     memory_topk: int = 32  # lattice points read per head (paper 2.6)
@@ -34,6 +37,11 @@ class ModelConfig:
     sparse_values: bool = False  # value gradient as sparse rows, for a lazy (SparseAdam) optimiser group
     memory_value_dtype: str = "float32"  # the value table: float32 or bfloat16 (half the bytes per lookup)
     value_lr_multiplier: float = 10.0  # the value table's learning rate over the rest's (LRAM paper 3.2)
+    # Under torchrun, each value table split by columns over groups of this many processes (1: every process holds
+    # it whole); a layout, not a model: languini.model_parallel.
+    memory_shards: int = 1
+
+    LAYOUT_FIELDS: ClassVar[tuple[str, ...]] = ("memory_shards",)
 
 
 _GPT_SIZES = {

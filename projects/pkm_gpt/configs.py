@@ -5,6 +5,7 @@ model width, key dimension 64, knn 32); "<size>_xlm" carries XLM's defaults (4 h
 N = 512^2) instead.
 """
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from projects.pkm_gpt.pkm import LRAM_PAPER_PKM, XLM_PKM
 
@@ -21,9 +22,12 @@ class ModelConfig:
     # math: an explicit masked softmax, as the official Languini code (whose use_flash is off: the paper saw
     # gradient spikes with flash attention on its RTX 3090); sdpa: F.scaled_dot_product_attention (flash kernels)
     attention: str = "math"
-    # Index (from 0) of the block whose MLP the memory replaces; None: (2 * n_layers - 1) // 3, the last
-    # block of the first two thirds, which is the LRAM paper's 4th of 6 layers.
-    memory_layer: int | None = None
+    # Blocks (from 0) whose MLP a memory replaces, comma-separated ("2,4"); None: (2 * n_layers - 1) // 3, the
+    # last block of the first two thirds, which is the LRAM paper's 4th of 6 layers.
+    memory_layers: str | None = None
+    share_memory: bool = False  # the memory layers read one value table (each its own queries and sub-keys)
+    # silu: Memory+ (Berges et al. 2024), out = W_o(read * silu(W_g x)), both maps added; none: the read itself
+    memory_gate: str = "none"
     pkm_heads: int = LRAM_PAPER_PKM.heads
     pkm_k_dim: int = LRAM_PAPER_PKM.k_dim
     pkm_n_keys: int = LRAM_PAPER_PKM.n_keys  # the memory has pkm_n_keys ** 2 values of width d_model
@@ -32,6 +36,11 @@ class ModelConfig:
     memory_value_grad: str = LRAM_PAPER_PKM.value_grad  # Triton value-gradient reduction: atomic or segment
     value_lr_multiplier: float = 10.0  # the value table's learning rate over the rest's (LRAM paper: 10x)
     sparse_values: bool = False  # value gradient as sparse rows read, for a lazy (SparseAdam) optimiser group
+    # Under torchrun, each value table split by columns over groups of this many processes (1: every process holds
+    # it whole); a layout, not a model: languini.model_parallel.
+    memory_shards: int = 1
+
+    LAYOUT_FIELDS: ClassVar[tuple[str, ...]] = ("memory_shards",)
 
 
 _XLM = dict(pkm_heads=XLM_PKM.heads, pkm_k_dim=XLM_PKM.k_dim, pkm_n_keys=XLM_PKM.n_keys, pkm_knn=XLM_PKM.knn)
