@@ -4,6 +4,7 @@
 smoke-test size. `python -m projects.switch_gpt.model` prints every config's parameter count.
 """
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 MOE_LAYERS = ("every_other", "every")  # or a block index (from 0) as a string: one MoE block, as memory layers
 ROUTING = ("top1", "top2")
@@ -30,6 +31,12 @@ class ModelConfig:
     router_z_coef: float = 0.0  # router z-loss mean(logsumexp(logits)^2) coefficient (ST-MoE: 1e-3); 0: off
     init_scale: float = 0.1  # Switch's s: router and expert weights ~ truncated normal, std sqrt(s / fan_in)
     experts_impl: str = "auto"  # auto: the Triton kernel on GPU, the per-expert loop on CPU; naive; triton
+    # Under torchrun, each MoE layer's experts split over groups of this many processes (n_experts / N each), tokens
+    # sent to their expert's process and back (1: every process holds every expert); a layout, not a model:
+    # languini.model_parallel.
+    expert_parallel: int = 1
+
+    LAYOUT_FIELDS: ClassVar[tuple[str, ...]] = ("expert_parallel",)
 
 
 _GPT_SIZES = {
@@ -78,6 +85,9 @@ def check(cfg: ModelConfig) -> None:
         raise ValueError(f"n_experts must be at least 1 (2 for top2), not {cfg.n_experts}")
     if cfg.capacity_factor <= 0:
         raise ValueError(f"capacity_factor must be positive, not {cfg.capacity_factor}")
+    if cfg.expert_parallel < 1 or cfg.n_experts % cfg.expert_parallel:
+        raise ValueError(f"expert_parallel must be at least 1 and divide n_experts ({cfg.n_experts}), not "
+                         f"{cfg.expert_parallel}")
 
 
 def get(name: str, **overrides) -> ModelConfig:
