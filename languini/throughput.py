@@ -102,7 +102,8 @@ def _flag_value(value) -> str:
 def model_flags(model_config, named_config) -> str:
     """The fields where `model_config` differs from `named_config`, as the flags that set them."""
     named = dataclasses.asdict(named_config)
-    return " ".join(f"--{name} {_flag_value(value)}" for name, value in model_parallel.model_fields(model_config).items()
+    fields = model_parallel.model_fields(model_config)
+    return " ".join(f"--{name} {_flag_value(value)}" for name, value in fields.items()
                     if _canonical(value) != _canonical(named[name]))
 
 

@@ -372,7 +372,8 @@ class Trainer:
     def load_state_dict(self, ckpt: dict) -> None:
         """Continue from a state_dict() (a checkpoint) of a run with the same model config and budget."""
         stage_steps = [list(s) for s in ckpt.get("stage_steps", zip(self.schedule.seq_lens, self.schedule.steps))]
-        if (not model_parallel.same_model(ckpt["model_config"], self.model_cfg) or ckpt["total_steps"] != self.total_steps
+        if (not model_parallel.same_model(ckpt["model_config"], self.model_cfg)
+                or ckpt["total_steps"] != self.total_steps
                 or stage_steps != [list(s) for s in zip(self.schedule.seq_lens, self.schedule.steps)]):
             raise ValueError(f"The checkpoint in {self.run_dir} was trained with another model config or budget; "
                              "resume with the same flags or choose another --run_name.")

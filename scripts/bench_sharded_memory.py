@@ -86,7 +86,7 @@ def measure(rank: int, world: int, args, device: torch.device) -> list[dict]:
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # a step waits for the slowest process
         fwd_formula, fwd_bwd_formula = formula_bytes(layer, world)
         part = layer.values.numel()
-        rows.append({"layer": name, "width": args.width, "values": math.prod(layer.values.shape) * world, "ranks": world,
+        rows.append({"layer": name, "width": args.width, "values": part * world, "ranks": world,
                      "fwd_us_per_token": seconds[0].item() / args.tokens * 1e6,
                      "fwd_bwd_us_per_token": seconds[1].item() / args.tokens * 1e6,
                      "fwd_bytes_per_token": sent[0], "fwd_bytes_formula": fwd_formula,

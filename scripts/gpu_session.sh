@@ -12,6 +12,8 @@
 #   throughput = throughput_gpt (90) throughput_qlstm (90) throughput_lram_gpt (210) throughput_pkm_gpt (190)
 #   bench      = bench_qlstm (150) bench_memory_bf16 (200) bench_memory_fp32 (200)
 #   train      = train_gpt (100) train_qlstm (120) train_lram_gpt (100) train_pkm_gpt (100)
+#   memory_options = train_lram_gpt_options (100) train_pkm_gpt_options (100)  (two blocks sharing one gated memory)
+#   several_gpus (420; memory shards and experts split over 2 GPUs against copied ones; skipped with one GPU)
 # Throughput rows are appended to copies of the registries in $OUT/throughput/<project>.csv, not to projects/.
 # The memory layers, which have no published rows, also get a row derived for the paper's RTX 3090 by ratio to
 # GPT small measured in the same step (measure_throughput.py --derive).
@@ -74,11 +76,13 @@ bench_memory_layers() {  # precision; widths and targets that give every fact th
         --repeats 5 --warmup 2 --out "$OUT"
 }
 
-train_smoke() {  # project; the checkpoint (model and Adam state) stays in $SCRATCH, the rest is copied
-    local data=()
+train_smoke() {  # project [more flags]; the checkpoint (model and Adam state) stays in $SCRATCH, the rest is copied
+    local data=() project=$1
+    shift
     [[ -n "${DATA_ROOT:-}" && -n "${VOCAB_SIZE:-}" ]] && data=(--data_root "$DATA_ROOT" --vocab_size "$VOCAB_SIZE")
-    python "projects/$1/train.py" --config small "${data[@]}" --max_steps 200 --batch_size 16 --eval_max_batches 4 \
-        --slow_eval_max_windows 8 --eval_every 50 --checkpoint_every 200 --log_every 20 --out_dir "$SCRATCH/runs"
+    python "projects/$project/train.py" --config small "${data[@]}" --max_steps 200 --batch_size 16 \
+        --eval_max_batches 4 --slow_eval_max_windows 8 --eval_every 50 --checkpoint_every 200 --log_every 20 \
+        --out_dir "$SCRATCH/runs" "$@"
     local status=$?
     mkdir -p "$OUT/runs"
     (cd "$SCRATCH/runs" 2>/dev/null && find . -type f ! -name '*.pt' -exec cp --parents {} "$OUT/runs/" \;)
@@ -87,10 +91,43 @@ train_smoke() {  # project; the checkpoint (model and Adam state) stays in $SCRA
     return $status
 }
 
-export -f env_report kernel_tests throughput_sweep bench_qlstm bench_memory_layers train_smoke
+several_gpus() {  # memory tables and experts split over 2 GPUs (NCCL) against copied ones, then the benchmark
+    local gpus
+    gpus=$(nvidia-smi -L | wc -l)
+    if [[ $gpus -lt 2 ]]; then
+        echo "skipped: $gpus GPU here; splitting parameters over GPUs needs 2 or more"
+        return 0
+    fi
+    local common=(--config small --max_steps 20 --batch_size 16 --log_every 1 --eval_max_batches 2
+                  --slow_eval_max_windows 2 --out_dir "$SCRATCH/several")
+    # the memories against one GPU; the experts against DDP on 2 GPUs (capacity counts each process's tokens)
+    for run in "lram_gpt --memory_shards 2" "pkm_gpt --memory_shards 2" "switch_gpt --expert_parallel 2"; do
+        read -r project split <<<"$run"
+        torchrun --standalone --nproc_per_node 2 "projects/$project/train.py" "${common[@]}" $split \
+            --run_name "${project}_split" || return 1
+        if [[ $project == switch_gpt ]]; then
+            torchrun --standalone --nproc_per_node 2 "projects/$project/train.py" "${common[@]}" \
+                --run_name "${project}_copied" || return 1
+        else
+            python "projects/$project/train.py" "${common[@]}" --run_name "${project}_copied" || return 1
+        fi
+        python - "$SCRATCH/several/${project}_split" "$SCRATCH/several/${project}_copied" <<'EOF'
+import json, sys
+losses = [{r["step"]: r["loss"] for r in map(json.loads, open(f"{d}/log.jsonl")) if r["event"] == "train"}
+          for d in sys.argv[1:]]
+print(f"{sys.argv[1]}: largest loss difference to the copied layout over 20 steps (bf16): "
+      f"{max(abs(losses[0][s] - losses[1][s]) for s in losses[1]):.3g}")
+EOF
+    done
+    rm -rf "$SCRATCH/several"
+    python scripts/bench_sharded_memory.py --width 1024 --tokens 8192 --lram_memory 2^22 --pkm_keys 512 --out "$OUT"
+}
+
+export -f env_report kernel_tests throughput_sweep bench_qlstm bench_memory_layers train_smoke several_gpus
 
 ORDER="env tests throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt bench_qlstm
-       bench_memory_bf16 bench_memory_fp32 train_gpt train_qlstm train_lram_gpt train_pkm_gpt"
+       bench_memory_bf16 bench_memory_fp32 train_gpt train_qlstm train_lram_gpt train_pkm_gpt train_lram_gpt_options
+       train_pkm_gpt_options several_gpus"
 # step: timeout in seconds, command
 declare -A STEPS=(
     [env]="45 env_report"
@@ -106,11 +143,15 @@ declare -A STEPS=(
     [train_qlstm]="120 train_smoke qlstm"
     [train_lram_gpt]="100 train_smoke lram_gpt"
     [train_pkm_gpt]="100 train_smoke pkm_gpt"
+    [train_lram_gpt_options]="100 train_smoke lram_gpt --memory_layers 3,7 --share_memory true --memory_gate silu"
+    [train_pkm_gpt_options]="100 train_smoke pkm_gpt --memory_layers 3,7 --share_memory true --memory_gate silu"
+    [several_gpus]="420 several_gpus"
 )
 declare -A STEP_GROUPS=(
     [throughput]="throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt"
     [bench]="bench_qlstm bench_memory_bf16 bench_memory_fp32"
     [train]="train_gpt train_qlstm train_lram_gpt train_pkm_gpt"
+    [memory_options]="train_lram_gpt_options train_pkm_gpt_options"
 )
 selected=()
 for name in ${@:-$ORDER}; do
@@ -119,7 +160,7 @@ for name in ${@:-$ORDER}; do
     elif [[ -v "STEPS[$name]" ]]; then
         selected+=("$name")
     else
-        echo "unknown step or group '$name'; steps:" $ORDER "; groups: throughput bench train" >&2
+        echo "unknown step or group '$name'; steps:" $ORDER "; groups: throughput bench train memory_options" >&2
         exit 2
     fi
 done

@@ -32,8 +32,8 @@ def test_saved_on_two_processes_continued_on_one(default_corpus_root, tmp_path):
                    check=True, env=env, capture_output=True, timeout=300)
     assert (tmp_path / "split" / "r" / "checkpoint_shards" / "step").read_text() == "2"
     # continued on one process (the same flags: one process holds the whole table), and the run on one process
-    experiment.main("lram_gpt", configs, Model, common + ["--memory_shards", "2", "--resume", "true",
-                                                            "--stop_at_step", "3", "--out_dir", str(tmp_path / "split")])
+    continued = ["--memory_shards", "2", "--resume", "true", "--stop_at_step", "3", "--out_dir", str(tmp_path / "split")]
+    experiment.main("lram_gpt", configs, Model, common + continued)
     experiment.main("lram_gpt", configs, Model, common + ["--stop_at_step", "3", "--out_dir", str(tmp_path / "one")])
     split, one = losses(tmp_path / "split" / "r"), losses(tmp_path / "one" / "r")
     assert [s for s, _ in split] == [s for s, _ in one] == [1, 2, 3]
