@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -273,8 +274,6 @@ def prepare_restore(ckpt: dict, model: torch.nn.Module, optimizers) -> list[str]
 def restore_shards(run_dir: Path, step: int, keys: list[str], model: torch.nn.Module, optimizers) -> None:
     """Read the tensors `keys` of the shards folder saved at `step` into the live model and optimiser state
     (after prepare_restore and load_state_dict), each process its part of each, whatever layout saved them."""
-    import torch.distributed.checkpoint as dcp
-
     params = dict(model.named_parameters())
     tensors = {}
     for key in keys:
@@ -282,9 +281,7 @@ def restore_shards(run_dir: Path, step: int, keys: list[str], model: torch.nn.Mo
         p = params[name]
         live = p.detach() if kind == "model" else optimizers[int(kind[len("optimizer"):])].state[p][state_key[0]]
         tensors[key] = _as_part(live, p)
-    import torch.distributed as dist
-
-    dcp.load(tensors, checkpoint_id=shards_folder(run_dir, step), no_dist=not dist.is_initialized())
+    _dcp_load(tensors, shards_folder(run_dir, step))
 
 
 def save_shards(run_dir: Path, step: int, tensors: dict[str, torch.Tensor], keep_previous: bool = True,
@@ -344,7 +341,19 @@ def _merged(ckpt: dict, run_dir: Path, device: torch.device) -> dict:
     shapes = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
     tensors = {ref.key: torch.empty(shapes[ref.key].size, dtype=shapes[ref.key].properties.dtype, device=device)
                for _, _, ref in refs}
-    dcp.load(tensors, checkpoint_id=folder, no_dist=True)
+    _dcp_load(tensors, folder, alone=True)
     for container, key, ref in refs:
         container[key] = tensors[ref.key]
     return ckpt
+
+
+def _dcp_load(tensors: dict, folder: Path, alone: bool = False) -> None:
+    """torch.distributed.checkpoint.load into `tensors`, with every process (or this one alone: without
+    torch.distributed, or asked to), in place."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    alone = alone or not dist.is_initialized()
+    with warnings.catch_warnings():  # one process reading alone is what is meant here, not a slip
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(tensors, checkpoint_id=folder, no_dist=alone)

@@ -63,7 +63,7 @@ class ShardGroup:
 
 
 WHOLE = ShardGroup()
-_meshes: dict[int, object] = {}
+_meshes: dict[tuple, object] = {}
 _single_process = False
 
 
@@ -90,12 +90,13 @@ def shard_group(size: int, flag: str) -> ShardGroup:
     if world % size:
         raise ValueError(f"{flag} {size} splits over groups of {size} processes, but the run has {world}: start "
                          f"it with a multiple of {size} processes (torchrun --nproc_per_node), or change {flag}.")
-    if size not in _meshes:
+    key = (id(dist.group.WORLD), size)  # a process group started again gets meshes of its own
+    if key not in _meshes:
         from torch.distributed.device_mesh import init_device_mesh
 
-        device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        _meshes[size] = init_device_mesh(device_type, (world // size, size), mesh_dim_names=(REPLICA_DIM, SHARD_DIM))
-    mesh = _meshes[size]
+        device_type = "cuda" if "nccl" in dist.get_backend() else "cpu"
+        _meshes[key] = init_device_mesh(device_type, (world // size, size), mesh_dim_names=(REPLICA_DIM, SHARD_DIM))
+    mesh = _meshes[key]
     return ShardGroup(size, mesh.get_local_rank(SHARD_DIM), mesh)
 
 
