@@ -4,12 +4,21 @@ A run folder holds `checkpoint.pt` (the latest) and `checkpoint_previous.pt` (th
 runs also hold each process's recurrent states, `states_rank<r>.pt` and `states_rank<r>_previous.pt`. A model may
 store its carried states in a smaller floating dtype (model_contract.checkpoint_state_dtype): pack_states casts
 them for saving and records their dtypes, unpack_states casts them back on loading.
+
+A run with model-parallel parameters (languini/model_parallel.py: memory value shards, experts spread over
+processes) keeps them and their optimiser state in `checkpoint_shards/` (and `checkpoint_shards_previous/`), a
+torch.distributed.checkpoint folder every process writes its part into; checkpoint.pt holds InShards(key) in their
+place. torch.distributed.checkpoint records each tensor's whole shape and every part's place in it, so the folder
+is read back under any layout: whole tensors on one process, other parts on more processes.
 """
 from __future__ import annotations
 
 import os
 import random
+import shutil
+import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +26,14 @@ import torch
 
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from languini import model_parallel
 from languini.atomic_write import fsync_dir, write_atomically  # noqa: F401  (checkpoint.write_atomically)
 from languini.memory_layers import check_renamed
 
 CHECKPOINT = "checkpoint.pt"
 PREVIOUS = "checkpoint_previous.pt"
+SHARDS = "checkpoint_shards"  # the model-parallel tensors, a torch.distributed.checkpoint folder
+SHARDS_STEP = "step"  # the file in a shards folder naming the step it was saved at
 
 
 class CheckpointError(RuntimeError):
@@ -90,21 +102,24 @@ def _problem(path: Path, device: torch.device):
         return None, f"{path.name} cannot be read ({type(e).__name__}: {e})"
 
 
-def load(run_dir: Path, device: torch.device, warn: Callable[[str], None] = print) -> tuple[dict, Path]:
+def load(run_dir: Path, device: torch.device, warn: Callable[[str], None] = print,
+         merge_shards: bool = True) -> tuple[dict, Path]:
     """The latest readable checkpoint and its path: checkpoint.pt, else (with a warning) the previous one.
 
+    merge_shards: the whole tensors of its shards folder replace its InShards entries (on this process alone:
+    what a tool reading a model-parallel run on one process needs); False leaves them for restore_shards.
     A checkpoint whose model config uses the memory layers' old names fails with a ValueError naming the new ones.
     """
     latest, why_not_latest = _problem(run_dir / CHECKPOINT, device)
     if latest is not None:
         check_renamed(latest.get("model_config", {}))
-        return latest, run_dir / CHECKPOINT
+        return (_merged(latest, run_dir, device) if merge_shards else latest), run_dir / CHECKPOINT
     previous, why_not_previous = _problem(run_dir / PREVIOUS, device)
     if previous is not None:
         check_renamed(previous.get("model_config", {}))
         warn(f"Warning: {why_not_latest}; continuing from the previous checkpoint {run_dir / PREVIOUS} "
              f"(step {previous['step']}), so the steps after it are trained again.")
-        return previous, run_dir / PREVIOUS
+        return (_merged(previous, run_dir, device) if merge_shards else previous), run_dir / PREVIOUS
     if not exists(run_dir):
         raise CheckpointError(f"--resume true but {run_dir} has no checkpoint ({CHECKPOINT}); "
                               "start the run with --resume auto or false.")
@@ -161,3 +176,184 @@ def load_rank_states(run_dir: Path, rank: int, step: int, device: torch.device):
     raise CheckpointError(f"No recurrent states of process {rank} for step {step} in {run_dir} ({'; '.join(found)}): "
                           "resume with as many processes as the run was started with, or train it again with "
                           "--overwrite true.")
+
+
+# -- model-parallel tensors ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class InShards:
+    """What checkpoint.pt holds in place of a tensor of a model-parallel parameter (or of its optimiser state):
+    the tensor is in the shards folder under `key` ("model/<name>" or "optimizer<i>/<name>/<state>")."""
+    key: str
+
+
+def _names(model: torch.nn.Module) -> dict[str, str]:
+    """Every parameter name of the model (a shared parameter under each of its names) -> its first name."""
+    first = {id(p): name for name, p in model.named_parameters()}
+    return {name: first[id(p)] for name, p in model.named_parameters(remove_duplicate=False)}
+
+
+def _optimizer_entries(optimizers, model):
+    """(optimizer index, position in its state_dict, parameter, the parameter's first name) of every parameter."""
+    first = {id(p): name for name, p in model.named_parameters()}
+    for i, opt in enumerate(optimizers):
+        for position, p in enumerate(p for group in opt.param_groups for p in group["params"]):
+            yield i, position, p, first[id(p)]
+
+
+def move_to_shards(state: dict, model: torch.nn.Module, optimizers) -> dict[str, torch.Tensor]:
+    """Take the model-parallel tensors out of a trainer state (state["model"], state["optimizers"]; changed in
+    place, the live optimiser state untouched): each becomes InShards(key). Returns key -> this process's part
+    as a DTensor (its place in the whole tensor), for save_shards."""
+    params = dict(model.named_parameters())
+    tensors = {}
+    for name, first in _names(model).items():
+        if model_parallel.sharding(params[first]):
+            state["model"][name] = InShards(f"model/{first}")
+            tensors[f"model/{first}"] = _as_part(params[first].detach(), params[first])
+    for i, position, p, name in _optimizer_entries(optimizers, model):
+        entry = state["optimizers"][i]["state"].get(position)
+        if entry is None or not model_parallel.sharding(p):
+            continue
+        entry = state["optimizers"][i]["state"][position] = dict(entry)  # a copy: state_dict shares the live one
+        for key, value in entry.items():
+            if torch.is_tensor(value) and value.shape == p.shape:  # Adam's moments; its step count stays here
+                entry[key] = InShards(f"optimizer{i}/{name}/{key}")
+                tensors[entry[key].key] = _as_part(value, p)
+    return tensors
+
+
+def _as_part(tensor: torch.Tensor, param) -> torch.Tensor:
+    """A tensor of a parameter as torch.distributed.checkpoint should see it: a model-parallel one as a DTensor
+    sharing the local tensor's memory (its place in the whole tensor), any other as it is."""
+    s = model_parallel.sharding(param)
+    if s is None:
+        return tensor
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    return DTensor.from_local(tensor, s.shards.mesh, [Replicate(), Shard(s.dim)], run_check=False)
+
+
+def _in_shards(ckpt: dict):
+    """(container, key, InShards) of every InShards entry of a checkpoint's model and optimiser states."""
+    for name, value in ckpt.get("model", {}).items():
+        if isinstance(value, InShards):
+            yield ckpt["model"], name, value
+    for opt in ckpt.get("optimizers", []):
+        for entry in opt["state"].values():
+            for key, value in entry.items():
+                if isinstance(value, InShards):
+                    yield entry, key, value
+
+
+def prepare_restore(ckpt: dict, model: torch.nn.Module, optimizers) -> list[str]:
+    """Make a checkpoint's model and optimiser states loadable (load_state_dict) under this process's layout,
+    in place: an InShards entry becomes a placeholder of the live shape, filled afterwards by restore_shards
+    (the keys returned); the whole tensor of a parameter that is model-parallel now is cut to this process's
+    part (a run saved on one process continuing on several)."""
+    params = dict(model.named_parameters())
+    names = _names(model)
+    for name, value in list(ckpt["model"].items()):
+        s = model_parallel.sharding(params[names[name]]) if name in names else None
+        if s is not None and torch.is_tensor(value) and tuple(value.shape) == s.full_shape:
+            ckpt["model"][name] = model_parallel.local_part(value, s)
+    for i, position, p, _ in _optimizer_entries(optimizers, model):
+        s = model_parallel.sharding(p)
+        entry = ckpt["optimizers"][i]["state"].get(position, {}) if i < len(ckpt["optimizers"]) else {}
+        for key, value in entry.items():
+            if s is not None and torch.is_tensor(value) and tuple(value.shape) == s.full_shape:
+                entry[key] = model_parallel.local_part(value, s)
+    keys = []
+    for container, key, ref in list(_in_shards(ckpt)):
+        name = ref.key.split("/")[1]
+        container[key] = torch.zeros_like(params[name]) if ref.key.startswith("optimizer") else params[name].detach()
+        keys.append(ref.key)
+    return sorted(set(keys))
+
+
+def restore_shards(run_dir: Path, step: int, keys: list[str], model: torch.nn.Module, optimizers) -> None:
+    """Read the tensors `keys` of the shards folder saved at `step` into the live model and optimiser state
+    (after prepare_restore and load_state_dict), each process its part of each, whatever layout saved them."""
+    params = dict(model.named_parameters())
+    tensors = {}
+    for key in keys:
+        kind, name, *state_key = key.split("/")
+        p = params[name]
+        live = p.detach() if kind == "model" else optimizers[int(kind[len("optimizer"):])].state[p][state_key[0]]
+        tensors[key] = _as_part(live, p)
+    _dcp_load(tensors, shards_folder(run_dir, step))
+
+
+def save_shards(run_dir: Path, step: int, tensors: dict[str, torch.Tensor], keep_previous: bool = True,
+                main: bool = True) -> Path:
+    """Write every process's part of `tensors` (move_to_shards) into checkpoint_shards/ through a temporary
+    folder; the folder it replaces becomes checkpoint_shards_previous/ unless keep_previous is False. Every
+    process calls it; `main`: the one that renames (the first)."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    folder, tmp = run_dir / SHARDS, run_dir / f"{SHARDS}.tmp"
+    if main and tmp.exists():  # left by a crash
+        shutil.rmtree(tmp)
+    if dist.is_initialized():
+        dist.barrier()
+    dcp.save(tensors, checkpoint_id=tmp)  # returns once the folder is complete (its metadata written)
+    if main:
+        write_atomically(tmp / SHARDS_STEP, lambda f: f.write(str(step).encode()))
+        previous = previous_path(folder)
+        if folder.exists():
+            if keep_previous:
+                shutil.rmtree(previous, ignore_errors=True)
+                os.replace(folder, previous)
+            else:
+                shutil.rmtree(folder)
+        os.replace(tmp, folder)
+        fsync_dir(run_dir)
+    if dist.is_initialized():
+        dist.barrier()  # no process writes the next checkpoint into a folder still being renamed
+    return folder
+
+
+def shards_folder(run_dir: Path, step: int) -> Path:
+    """The shards folder saved with the checkpoint of `step` (the latest or the previous one)."""
+    folder, found = run_dir / SHARDS, []
+    for candidate in (folder, previous_path(folder)):
+        try:
+            saved = int((candidate / SHARDS_STEP).read_text())
+        except (OSError, ValueError):
+            found.append(f"{candidate.name} is missing or unfinished")
+            continue
+        if saved == step:
+            return candidate
+        found.append(f"{candidate.name} holds step {saved}")
+    raise CheckpointError(f"No model-parallel tensors for step {step} in {run_dir} ({'; '.join(found)}): train the "
+                          "run again with --overwrite true.")
+
+
+def _merged(ckpt: dict, run_dir: Path, device: torch.device) -> dict:
+    """The checkpoint with the whole tensors of its shards folder in place of its InShards entries."""
+    refs = list(_in_shards(ckpt))
+    if not refs:
+        return ckpt
+    import torch.distributed.checkpoint as dcp
+
+    folder = shards_folder(run_dir, ckpt["step"])
+    shapes = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+    tensors = {ref.key: torch.empty(shapes[ref.key].size, dtype=shapes[ref.key].properties.dtype, device=device)
+               for _, _, ref in refs}
+    _dcp_load(tensors, folder, alone=True)
+    for container, key, ref in refs:
+        container[key] = tensors[ref.key]
+    return ckpt
+
+
+def _dcp_load(tensors: dict, folder: Path, alone: bool = False) -> None:
+    """torch.distributed.checkpoint.load into `tensors`, with every process (or this one alone: without
+    torch.distributed, or asked to), in place."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    alone = alone or not dist.is_initialized()
+    with warnings.catch_warnings():  # one process reading alone is what is meant here, not a slip
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(tensors, checkpoint_id=folder, no_dist=alone)

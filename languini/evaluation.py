@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from languini import aux_loss
+from languini import aux_loss, model_parallel
 from languini.books import (
     SLOW_EVAL_PROTOCOLS,
     Book,
@@ -144,6 +144,8 @@ class Evaluator:
         """Sum over batches; a stateful model carries its state from one batch to the next."""
         totals = torch.zeros(len(TOP_K) + 4, dtype=torch.float64, device=self.device)  # the sums, then chars
         chars, state = 0, None
+        # a model-parallel model runs as many forward passes on every process (empty batches where one has none)
+        batches = model_parallel.lockstep(batches, model, self.device)
         for x, y, mask in tqdm(batches, desc=desc, unit="batch", leave=False, disable=None if self.rank == 0 else True):
             if self.decode is not None:
                 chars += count_chars(y, mask, self.decode)

@@ -22,6 +22,7 @@ from languini import (
     datasets,
     flops,
     model_contract,
+    model_parallel,
     run_folder,
     stages,
     throughput,
@@ -156,9 +157,10 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     local_hw = throughput.local_device_name(device)
     model = throughput.model_spec(project, config_name, model_cfg)
     fwd_flops = None
-    if ddp.main:
-        fwd_flops = flops.forward_flops(model_cls(model_cfg).to(device), model_cfg.seq_len, model_cfg.vocab_size,
-                                        device)
+    if ddp.main:  # counted on this process alone, on the whole model
+        with model_parallel.single_process():
+            fwd_flops = flops.forward_flops(model_cls(model_cfg).to(device), model_cfg.seq_len, model_cfg.vocab_size,
+                                            device)
     # every process plans the evaluation: its caps, sized to the class, must be the same on all of them
     plan = planning.plan_run(model, model_cls, model_cfg, tcfg, device, ddp.world_size, fwd_flops, dataset, stateful,
                              settings.cpu_path, rcfg.out_dir, say)
@@ -175,7 +177,7 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     if resume:
         plan = planning.resumed(plan, run_dir, say)
     tcfg = plan.training_config(tcfg)  # with the evaluation caps sized to the class, if the plan sized them
-    finished = run_folder.finished_results(run_dir, dataclasses.asdict(model_cfg), plan.steps) if resume else None
+    finished = run_folder.finished_results(run_dir, model_cfg, plan.steps) if resume else None
     if finished is not None:
         say(f"{run_dir} is finished (results.json of {finished.get('finished')}): nothing left to train or "
             "evaluate. Train it again with --overwrite true, or another run with --run_name NAME.")
@@ -201,7 +203,7 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
         write_json(run_dir / run_folder.RUN_CONFIG, config)
     log = RunLog(run_dir, config, rcfg.wandb, rcfg.wandb_project, rcfg.tensorboard, enabled=ddp.main,
                  resume_step=trainer.step if resume else None, resume_rows=trainer.log_rows)
-    say(f"{sum(p.numel() for p in trainer.model.parameters()):,} parameters, {trainer.precision} on {local_hw}"
+    say(f"{model_parallel.parameter_count(trainer.model):,} parameters, {trainer.precision} on {local_hw}"
         f"{f' x {ddp.world_size}' if ddp.world_size > 1 else ''}; run folder {run_dir}")
     # train, evaluate, record results.json
     try:
@@ -344,7 +346,7 @@ def run_results(trainer: Trainer, rcfg: RunConfig, evals: dict) -> dict:
         "accelerator_seconds": pos["accelerator_seconds"],
         "accelerator_hours": pos["accelerator_seconds"] / 3600 if pos["accelerator_seconds"] is not None else None,
         "train_wall_seconds": trainer.train_seconds,
-        "parameters": sum(p.numel() for p in trainer.model.parameters()),
+        "parameters": model_parallel.parameter_count(trainer.model),
         "flops_per_forward": fwd,
         "total_flops": flops.train_flops_per_token(fwd, trainer.seq_len) * pos["tokens"] if fwd else None,
         "dataset": str(trainer.dataset.dir.resolve()), "dataset_name": trainer.dataset.name,

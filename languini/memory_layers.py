@@ -1,17 +1,26 @@
-"""What the memory layers of the projects (lram_gpt, pkm_gpt) share: one vocabulary and row-sparse gradients.
+"""What the memory layers of the projects (lram_gpt, pkm_gpt) share: one vocabulary, row-sparse gradients, the
+placement of memory layers, the Memory+ gate and the read of a value table split over processes.
 
 value_grad: how a Triton backward reduces the value gradient, "atomic" (atomic adds per entry) or "segment"
 (entries sorted by memory row, each run of one row summed without per-entry atomics).
 query_norm: "layer" (each token on its own: causal), "batch" (statistics over batch and time: later tokens
 change earlier outputs of a causal LM) or "none".
+memory_layers: the blocks whose MLP a memory replaces, "2,4" (from 0), read by memory_layer_indices.
+gate: "none" or "silu", Memory+ (Berges et al. 2024, "Memory Layers at Scale"): the read times silu(W_g x) before
+the output projection.
+A value table split by columns over a model-parallel group (languini/model_parallel.py) is read by sharded_bag.
 """
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from languini import model_parallel
 
 VALUE_GRADS = ("atomic", "segment")
 QUERY_NORMS = ("layer", "batch", "none")
 # Names older configs used, and the new ones: a saved config with an old name fails with this message.
-RENAMED = {"pkm_value_grad": "memory_value_grad", "pkm_query_norm": "memory_query_norm"}
+RENAMED = {"pkm_value_grad": "memory_value_grad", "pkm_query_norm": "memory_query_norm",
+           "memory_layer": "memory_layers"}
 RENAMED_VALUES = {"sorted": "segment", "layernorm": "layer", "batchnorm": "batch"}
 
 
@@ -64,3 +73,64 @@ class GatherRows(torch.autograd.Function):
 def gather_rows(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """values[rows] (rows distinct and rising) whose gradient reaches `values` as the sparse rows read."""
     return GatherRows.apply(values, rows)
+
+
+GATES = ("none", "silu")
+
+
+def memory_layer_indices(memory_layers: str | None, n_layers: int) -> list[int]:
+    """The blocks (from 0) a memory replaces the MLP of: memory_layers as "2,4" (rising after sorting, each
+    once), or by default the last block of the first two thirds, (2 * n_layers - 1) // 3 (the LRAM paper's 4th
+    of 6 layers)."""
+    if memory_layers is None:
+        return [(2 * n_layers - 1) // 3]
+    try:
+        indices = sorted(int(part) for part in str(memory_layers).split(","))
+    except ValueError:
+        raise ValueError(f"memory_layers must be block indices separated by commas (e.g. 2,4), got "
+                         f"{memory_layers!r}") from None
+    if not indices or len(set(indices)) != len(indices) or not all(0 <= i < n_layers for i in indices):
+        raise ValueError(f"memory_layers must name distinct blocks in [0, n_layers={n_layers}), got "
+                         f"{memory_layers!r}; use --memory_layers 2,4 counting blocks from 0.")
+    return indices
+
+
+def gate_layer(gate: str, d_model: int, read_width: int) -> nn.Linear | None:
+    """W_g of the Memory+ gate (the read times silu(W_g x)), or None for gate "none"."""
+    if gate not in GATES:
+        raise ValueError(f"memory_gate must be one of {GATES}, got {gate!r}")
+    return nn.Linear(d_model, read_width) if gate == "silu" else None
+
+
+def gated(read: torch.Tensor, gate: nn.Linear | None, x: torch.Tensor) -> torch.Tensor:
+    """read * silu(W_g x) (Memory+), or the read itself without a gate."""
+    return read if gate is None else read * F.silu(gate(x))
+
+
+def sharded_bag(index: torch.Tensor, weight: torch.Tensor, table: torch.Tensor, bag) -> torch.Tensor:
+    """bag(index, weight, table), the weighted sum of table rows of each bag, [B, r] -> [B, m], for a table that
+    may hold only this process's columns of a value table split by columns over a model-parallel group
+    (model_parallel.parameter(..., dim=1)): every process passes its own bags and gets all m columns of them.
+
+    The split along the value dimension keeps every lookup's rows on every process: each process gathers the
+    (index, weight) pairs of the whole group (the counts exchanged first, so processes may hold different numbers
+    of bags), reads its m / S columns of every bag with `bag`, and an all-to-all returns the columns to the bag's
+    process. Per bag of r pairs a process sends its pairs to the S - 1 others (int32 index + fp32 weight: 8 r bytes
+    each) and receives (S - 1) / S of its m columns (4 bytes each in fp32); the backward sends the columns'
+    gradients back and the weights' gradients (4 r bytes, summed over the processes) home. Every process does
+    1/S of the reads of the group's tokens, however unevenly the rows are read."""
+    s = model_parallel.sharding(table)
+    if s is None:
+        return bag(index, weight, table)
+    return _split_bag(index, weight, table, bag, s.shards)
+
+
+@torch.compiler.disable  # collectives with counts known only at run time: nothing for torch.compile to trace
+def _split_bag(index, weight, table, bag, shards):
+    n = index.shape[0]
+    weights, counts = model_parallel.gather_rows(weight, shards)
+    copies = index.to(torch.int32).repeat(shards.size, 1)  # int32: every memory of this codebase has < 2^31 rows
+    indices = model_parallel.all_to_all(copies, [n] * shards.size, counts, shards.group).long()
+    columns = bag(indices, weights, table)  # this process's columns of every bag of the group
+    back = model_parallel.all_to_all(columns, counts, [n] * shards.size, shards.group)
+    return back.view(shards.size, n, table.shape[1]).permute(1, 0, 2).reshape(n, shards.size * table.shape[1])

@@ -11,7 +11,7 @@ import shlex
 import shutil
 from pathlib import Path
 
-from languini import checkpoint
+from languini import checkpoint, model_parallel
 from languini.flags import parse_bool
 
 RESULTS = "results.json"
@@ -32,7 +32,8 @@ def resume_mode(value: str | bool) -> str:
 
 def run_files(run_dir: Path) -> list[Path]:
     """What a run writes into its folder (W&B's offline folder excepted: it has its own run ids)."""
-    names = [LOG, RESULTS, checkpoint.CHECKPOINT, checkpoint.PREVIOUS, "tensorboard"]
+    names = [LOG, RESULTS, checkpoint.CHECKPOINT, checkpoint.PREVIOUS, checkpoint.SHARDS,
+             checkpoint.previous_path(Path(checkpoint.SHARDS)).name, "tensorboard"]
     found = [run_dir / n for n in names if (run_dir / n).exists()]
     return found + sorted(run_dir.glob("states_rank*.pt")) + sorted(run_dir.glob("*.tmp"))
 
@@ -66,8 +67,9 @@ def start_or_continue(run_dir: Path, resume: str | bool, overwrite: bool, say=pr
     return False
 
 
-def finished_results(run_dir: Path, model_config: dict, steps: int) -> dict | None:
-    """The results of a finished run in run_dir (None if unfinished); an error if they belong to another run."""
+def finished_results(run_dir: Path, model_config, steps: int) -> dict | None:
+    """The results of a finished run in run_dir (None if unfinished); an error if they belong to another run (of
+    another model config, a dataclass, whatever the layout; or another budget)."""
     path = run_dir / RESULTS
     if not path.exists():
         return None
@@ -75,7 +77,7 @@ def finished_results(run_dir: Path, model_config: dict, steps: int) -> dict | No
         results = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ValueError(f"{path} cannot be read ({e}); delete it to evaluate the run's last checkpoint again.") from e
-    if results.get("model_config") != model_config or results.get("steps") != steps:
+    if not model_parallel.same_model(results.get("model_config", {}), model_config) or results.get("steps") != steps:
         raise ValueError(f"The run in {run_dir} was trained with another model config or budget; resume with the "
                          "same flags or choose another --run_name.")
     return results

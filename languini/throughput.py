@@ -38,6 +38,7 @@ from typing import NamedTuple
 
 import torch
 
+from languini import model_parallel
 from languini.atomic_write import write_atomically
 
 SOURCES = ("measured", "published", "derived")
@@ -84,9 +85,10 @@ def model_fingerprint(model_config) -> str:
     """12 hex digits of SHA-256 over every field of a config dataclass, as JSON with sorted keys.
 
     Depends only on the field names and values, so it is the same in every process, on every machine and
-    in every Python version, and changes with any field.
+    in every Python version, and changes with any field but its layout fields (languini.model_parallel: how
+    the model is split over processes, which a row measured on one device does not see).
     """
-    values = {name: _canonical(value) for name, value in dataclasses.asdict(model_config).items()}
+    values = {name: _canonical(value) for name, value in model_parallel.model_fields(model_config).items()}
     text = json.dumps(values, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
@@ -100,7 +102,8 @@ def _flag_value(value) -> str:
 def model_flags(model_config, named_config) -> str:
     """The fields where `model_config` differs from `named_config`, as the flags that set them."""
     named = dataclasses.asdict(named_config)
-    return " ".join(f"--{name} {_flag_value(value)}" for name, value in dataclasses.asdict(model_config).items()
+    fields = model_parallel.model_fields(model_config)
+    return " ".join(f"--{name} {_flag_value(value)}" for name, value in fields.items()
                     if _canonical(value) != _canonical(named[name]))
 
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_map
 from tqdm import tqdm
 
-from languini import aux_loss, checkpoint, flops, model_contract, stages
+from languini import aux_loss, checkpoint, flops, model_contract, model_parallel, stages
 from languini.books import SLOW_EVAL_PROTOCOLS, BooksDataset, TrainBatches
 from languini.compute_class import DEFAULT_REFERENCE_HARDWARE
 from languini.evaluation import Evaluator, evaluate_splits
@@ -221,6 +221,7 @@ class TrainStep:
         self.model, self.train_model, self.optimizers, self.dense_params = model, train_model, optimizers, dense_params
         self.schedulers, self.autocast, self.scaler, self.grad_clip = schedulers, autocast, scaler, grad_clip
         self.micro_batches, self.device, self.world_size = micro_batches, device, world_size
+        self.sharded = [p for _, p in model_parallel.sharded_parameters(model)]  # not averaged by DDP
         self.hidden = None  # the output layer's inputs of this step, for an after-step hook; else None
         self._hook = None
         # a trainer's own objective (languini/distill.py): (micro-batch index, x, logits, y, cross-entropy) ->
@@ -273,11 +274,14 @@ class TrainStep:
             total += loss.detach() / M
             for name, value in aux.items():
                 aux_totals[name] = aux_totals.get(name, 0.0) + value.detach().float() / M
+        if self.sharded:
+            model_parallel.finish_gradients(self.sharded, self.world_size)
         if self.grad_clip:
             if self.scaler:
                 self.scaler.unscale_(self.optimizers[0])
-            # The norm covers dense gradients only; row-sparse value gradients are not clipped.
-            torch.nn.utils.clip_grad_norm_(self.dense_params, self.grad_clip)
+            # The norm covers dense gradients only (model-parallel parts of every process included); row-sparse
+            # value gradients are not clipped.
+            model_parallel.clip_grad_norm_(self.dense_params, self.grad_clip)
         step_optimizers(self.optimizers, self.scaler)
         for sched in self.schedulers:
             sched.step()
@@ -302,7 +306,8 @@ class Dist:
 
 
 def init_distributed() -> Dist:
-    """torchrun sets WORLD_SIZE/RANK/LOCAL_RANK; DDP then does all gradient synchronisation."""
+    """torchrun sets WORLD_SIZE/RANK/LOCAL_RANK; DDP then synchronises the gradients of the copied parameters
+    (languini/model_parallel.py those of the model-parallel ones)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return Dist()
@@ -350,10 +355,17 @@ class Trainer:
             self.train_model = torch.compile(self.model)
         if self.ddp.world_size > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
-            self.train_model = torch.nn.parallel.DistributedDataParallel(self.train_model, device_ids=ids)
+            DDP = torch.nn.parallel.DistributedDataParallel
+            # model-parallel parts differ between processes: DDP neither broadcasts nor averages them
+            DDP._set_params_and_buffers_to_ignore_for_model(self.train_model,
+                                                            model_parallel.ddp_ignored(self.train_model))
+            self.train_model = DDP(self.train_model, device_ids=ids)
         self.step_runner = TrainStep(self.model, self.train_model, self.optimizers, self.dense_params, self.schedulers,
                                      self.autocast, self.scaler, tcfg.grad_clip, tcfg.micro_batches, self.device,
                                      self.ddp.world_size)
+        if self.scaler and self.step_runner.sharded:  # each process would skip steps on its own parts' overflows
+            raise ValueError("fp16 with a gradient scaler is not supported with parameters split over processes "
+                             "(--memory_shards, --expert_parallel); use --precision bf16 or fp32.")
 
         self.batches = TrainBatches(dataset.books("train"), model_cfg.vocab_size, tcfg.batch_size, self.seq_len,
                                     tcfg.micro_batches, self.ddp.rank, self.ddp.world_size, self.schedule)
@@ -375,7 +387,8 @@ class Trainer:
         self.log_rows = None  # rows of log.jsonl when the checkpoint resumed from was saved
         self.keep_previous_checkpoint = True
         if resume:
-            ckpt, path = checkpoint.load(run_dir, self.device, warn=print if self.ddp.main else lambda _: None)
+            ckpt, path = checkpoint.load(run_dir, self.device, warn=print if self.ddp.main else lambda _: None,
+                                         merge_shards=False)
             # after a fallback the unreadable latest is overwritten and the good previous one kept
             self.keep_previous_checkpoint = path.name == checkpoint.CHECKPOINT
             self.load_state_dict(ckpt)
@@ -388,7 +401,8 @@ class Trainer:
 
     def state_dict(self) -> dict:
         """Everything an exact resume needs: model, optimisers, schedules, RNGs, the carried states, the clocks.
-        The states are stored in the model's checkpoint_state_dtype, if it has one (then the resume is not exact)."""
+        The states are stored in the model's checkpoint_state_dtype, if it has one (then the resume is not exact).
+        Model-parallel parameters appear as this process's parts (save() puts them in the shards folder)."""
         states, state_dtypes = checkpoint.pack_states(self.states, self.checkpoint_state_dtype)
         return {"model": self.model.state_dict(), "optimizers": [o.state_dict() for o in self.optimizers],
                 "schedulers": [s.state_dict() for s in self.schedulers],
@@ -406,17 +420,24 @@ class Trainer:
     def load_state_dict(self, ckpt: dict) -> None:
         """Continue from a state_dict() (a checkpoint) of a run with the same model config and budget."""
         stage_steps = [list(s) for s in ckpt.get("stage_steps", self._stage_steps())]
-        if (ckpt["model_config"] != dataclasses.asdict(self.model_cfg) or ckpt["total_steps"] != self.total_steps
+        if (not model_parallel.same_model(ckpt["model_config"], self.model_cfg)
+                or ckpt["total_steps"] != self.total_steps
                 or stage_steps != [list(s) for s in self._stage_steps()]):
             raise ValueError(f"The checkpoint in {self.run_dir} was trained with another model config or budget; "
                              "resume with the same flags or choose another --run_name.")
-        if self.ddp.world_size > 1:  # every process carries the states of its own streams
+        if not self.stateful:  # nothing carried: any number of processes may continue the run
+            states = [None] * self.tcfg.micro_batches
+        elif self.ddp.world_size > 1:  # every process carries the states of its own streams
             states = checkpoint.load_rank_states(self.run_dir, self.ddp.rank, ckpt["step"], self.device)
         else:
             states = checkpoint.unpack_states(ckpt["states"], ckpt.get("state_dtypes"))
+        # model-parallel tensors: cut to this layout's parts, or read from the shards folder after the rest
+        from_shards = checkpoint.prepare_restore(ckpt, self.model, self.optimizers)
         self.model.load_state_dict(ckpt["model"])
         for opt, state in zip(self.optimizers, ckpt["optimizers"], strict=True):
             opt.load_state_dict(state)
+        if from_shards:
+            checkpoint.restore_shards(self.run_dir, ckpt["step"], from_shards, self.model, self.optimizers)
         for sched, state in zip(self.schedulers, ckpt["schedulers"], strict=True):
             sched.load_state_dict(state)
         if self.scaler and ckpt["scaler"]:
@@ -437,12 +458,17 @@ class Trainer:
         """Checkpoint the state after the last completed step; log_rows: rows of log.jsonl written by then."""
         self._account_wall("training")  # the checkpoint holds the time spent until now
         keep = self.keep_previous_checkpoint
+        state = None
+        if self.step_runner.sharded:  # every process writes its parts of the model-parallel tensors
+            state = self.state_dict()
+            parts = checkpoint.move_to_shards(state, self.model, self.optimizers)
+            checkpoint.save_shards(self.run_dir, self.step, parts, keep, self.ddp.main)
         if self.ddp.world_size > 1:
             checkpoint.save_rank_states(self.run_dir, self.ddp.rank, self.step, self.states, keep,
                                         self.checkpoint_state_dtype)
             dist.barrier()  # the main checkpoint only once every process has its states on disk
         if self.ddp.main:
-            checkpoint.save(self.run_dir, {**self.state_dict(), "log_rows": log_rows}, keep)
+            checkpoint.save(self.run_dir, {**(state or self.state_dict()), "log_rows": log_rows}, keep)
         self.keep_previous_checkpoint = True
 
     def _checkpoint(self, log):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from languini import checkpoint, datasets, experiment, model_contract, run_folder, tokenizer
+from languini import checkpoint, datasets, experiment, model_contract, model_parallel, run_folder, tokenizer
 from languini.books import SLOW_EVAL_PROTOCOLS, DataError
 from languini.evaluation import Evaluator, describe_slow_protocol, evaluate_splits
 from languini.flags import Parser
@@ -116,7 +116,8 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         dataset.books(split)  # an unknown split fails here, before any work, with the splits there are
     sp = datasets.load_tokenizer(dataset, rcfg.tokenizer, model_cfg.vocab_size)
 
-    model = model_cls(model_cfg).to(device)
+    with model_parallel.single_process():  # the whole model on every process (checkpoint.load merged its shards)
+        model = model_cls(model_cfg).to(device)
     model.load_state_dict(ckpt["model"])
     stateful = model_contract.stateful(model_cls)
     autocast, _, precision = precision_for(device, tcfg.precision)

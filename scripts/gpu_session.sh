@@ -16,6 +16,8 @@
 #   train      = train_gpt (100) train_qlstm (120) train_lram_gpt (100) train_pkm_gpt (100)
 #   feedback   = tests_feedback (200) bench_feedback (300)         (the Feedback Transformer: kernel, CUDA graphs,
 #   feedback_train = throughput_feedback (420) train_feedback (150)  speed against the GPT; not in the default order)
+#   memory_options = train_lram_gpt_options (100) train_pkm_gpt_options (100)  (two blocks sharing one gated memory)
+#   several_gpus (420; memory shards and experts split over 2 GPUs against copied ones; skipped with one GPU)
 # Throughput rows are appended to copies of the registries in $OUT/throughput/<project>.csv, not to projects/.
 # The memory layers, which have no published rows, also get a row derived for the paper's RTX 3090 by ratio to
 # GPT small measured in the same step (measure_throughput.py --derive).
@@ -130,11 +132,44 @@ switch_gpt_check() {  # its kernel tests on CUDA; a small switch_gpt (bf16, the 
     return $status
 }
 
+several_gpus() {  # memory tables and experts split over 2 GPUs (NCCL) against copied ones, then the benchmark
+    local gpus
+    gpus=$(nvidia-smi -L | wc -l)
+    if [[ $gpus -lt 2 ]]; then
+        echo "skipped: $gpus GPU here; splitting parameters over GPUs needs 2 or more"
+        return 0
+    fi
+    local common=(--config small --max_steps 20 --batch_size 16 --log_every 1 --eval_max_batches 2
+                  --slow_eval_max_windows 2 --out_dir "$SCRATCH/several")
+    # the memories against one GPU; the experts against DDP on 2 GPUs (capacity counts each process's tokens)
+    for run in "lram_gpt --memory_shards 2" "pkm_gpt --memory_shards 2" "switch_gpt --expert_parallel 2"; do
+        read -r project split <<<"$run"
+        torchrun --standalone --nproc_per_node 2 "projects/$project/train.py" "${common[@]}" $split \
+            --run_name "${project}_split" || return 1
+        if [[ $project == switch_gpt ]]; then
+            torchrun --standalone --nproc_per_node 2 "projects/$project/train.py" "${common[@]}" \
+                --run_name "${project}_copied" || return 1
+        else
+            python "projects/$project/train.py" "${common[@]}" --run_name "${project}_copied" || return 1
+        fi
+        python - "$SCRATCH/several/${project}_split" "$SCRATCH/several/${project}_copied" <<'EOF'
+import json, sys
+losses = [{r["step"]: r["loss"] for r in map(json.loads, open(f"{d}/log.jsonl")) if r["event"] == "train"}
+          for d in sys.argv[1:]]
+print(f"{sys.argv[1]}: largest loss difference to the copied layout over 20 steps (bf16): "
+      f"{max(abs(losses[0][s] - losses[1][s]) for s in losses[1]):.3g}")
+EOF
+    done
+    rm -rf "$SCRATCH/several"
+    python scripts/bench_sharded_memory.py --width 1024 --tokens 8192 --lram_memory 2^22 --pkm_keys 512 --out "$OUT"
+}
+
 export -f env_report kernel_tests throughput_sweep bench_qlstm bench_memory_layers bench_pkm_torch_search train_smoke \
-    feedback_tests bench_feedback switch_gpt_check
+    feedback_tests bench_feedback switch_gpt_check several_gpus
 
 ORDER="env tests switch_gpt throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt bench_qlstm
-       bench_memory_bf16 bench_memory_fp32 bench_pkm_torch_search train_gpt train_qlstm train_lram_gpt train_pkm_gpt"
+       bench_memory_bf16 bench_memory_fp32 bench_pkm_torch_search train_gpt train_qlstm train_lram_gpt train_pkm_gpt
+       train_lram_gpt_options train_pkm_gpt_options several_gpus"
 # step: timeout in seconds, command
 declare -A STEPS=(
     [env]="45 env_report"
@@ -156,6 +191,9 @@ declare -A STEPS=(
     [throughput_feedback]="420 throughput_sweep feedback --derive 'RTX 3090' --baseline gpt:small"
     [bench_feedback]="300 bench_feedback"
     [train_feedback]="150 train_smoke feedback --max_steps 30 --eval_every 15 --checkpoint_every 30 --log_every 5"
+    [train_lram_gpt_options]="100 train_smoke lram_gpt --memory_layers 3,7 --share_memory true --memory_gate silu"
+    [train_pkm_gpt_options]="100 train_smoke pkm_gpt --memory_layers 3,7 --share_memory true --memory_gate silu"
+    [several_gpus]="420 several_gpus"
 )
 declare -A STEP_GROUPS=(
     [throughput]="throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt"
@@ -163,6 +201,7 @@ declare -A STEP_GROUPS=(
     [train]="train_gpt train_qlstm train_lram_gpt train_pkm_gpt"
     [feedback]="tests_feedback bench_feedback"
     [feedback_train]="throughput_feedback train_feedback"
+    [memory_options]="train_lram_gpt_options train_pkm_gpt_options"
 )
 selected=()
 for name in ${@:-$ORDER}; do
@@ -172,7 +211,7 @@ for name in ${@:-$ORDER}; do
         selected+=("$name")
     else
         echo "unknown step or group '$name'; steps:" $ORDER "${STEP_GROUPS[feedback]} ${STEP_GROUPS[feedback_train]};" \
-            "groups: throughput bench train feedback feedback_train" >&2
+            "groups: throughput bench train memory_options feedback feedback_train" >&2
         exit 2
     fi
 done

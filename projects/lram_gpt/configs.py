@@ -6,6 +6,7 @@ LRAM paper's LRAM-medium (Table 2), its smallest memory that beat the baseline. 
 from the size (lattice.torus_for_memory_size).
 """
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from languini.flags import arg
 
@@ -26,9 +27,12 @@ class ModelConfig:
     attention: str = arg("math", "math: an explicit masked softmax, as the official Languini code (whose use_flash is off: "
                                  "the paper saw gradient spikes with flash attention on its RTX 3090); sdpa: "
                                  "F.scaled_dot_product_attention (flash kernels)", choices=("math", "sdpa"))
-    memory_layer: int | None = arg(None, "index (from 0) of the block whose MLP the memory replaces; none: "
-                                         "(2 * n_layers - 1) // 3, the last block of the first two thirds, which is "
-                                         "the LRAM paper's 4th of 6 layers")
+    memory_layers: str | None = arg(None, "blocks (from 0) whose MLP a memory replaces, comma-separated (\"2,4\"); "
+                                          "none: (2 * n_layers - 1) // 3, the last block of the first two thirds, "
+                                          "which is the LRAM paper's 4th of 6 layers")
+    share_memory: bool = arg(False, "the memory layers read one value table (LRAM paper, section 6)")
+    memory_gate: str = arg("none", "silu: Memory+ (Berges et al. 2024), the read times silu(W_g x) before the output "
+                                   "map; none: the read itself", choices=("none", "silu"))
     memory_size: int = arg(DEFAULT_MEMORY_SIZE, "memory locations N, a power of two >= 256")
     memory_value_dim: int = arg(64, "m, values per location; the paper's 64 gives the 4w read of section 3.1")
     memory_topk: int = arg(32, "lattice points read per head (paper 2.6)")
@@ -39,6 +43,11 @@ class ModelConfig:
     memory_value_dtype: str = arg("float32", "the value table's dtype (bfloat16: half the bytes per lookup)",
                                   choices=("float32", "bfloat16"))
     value_lr_multiplier: float = arg(10.0, "the value table's learning rate over the rest's (LRAM paper 3.2)")
+    memory_shards: int = arg(1, "under torchrun, each value table split by columns over groups of this many "
+                                "processes (1: every process holds it whole); a layout, not a model: "
+                                "languini.model_parallel")
+
+    LAYOUT_FIELDS: ClassVar[tuple[str, ...]] = ("memory_shards",)
 
 
 _GPT_SIZES = {

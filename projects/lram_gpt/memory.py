@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from languini.memory_layers import check_value_grad, query_norm_layer
+from languini import model_parallel
+from languini.memory_layers import check_value_grad, gate_layer, gated, query_norm_layer, sharded_bag
 from languini.memory_stats import MemoryStats
 from projects.lram_gpt import lattice
 from projects.lram_gpt.lattice import DEFAULT_TOPK, check_torus
@@ -51,6 +52,12 @@ class LRAMBlock(nn.Module):
     or as the torus periods K. The value table is `values` [N, value_dim]; value_parameters() hands it to
     a trainer's own optimiser group (the paper trains it with 10x the learning rate).
 
+    values: another LRAMBlock's table to read instead of a table of its own (one memory read by several layers,
+    the paper's section 6), of the same size. gate: "silu" multiplies the read by silu(W_g x) before the output
+    affine map (Memory+), "none" does not. shards: the model-parallel group the table's columns are split over
+    (languini.model_parallel.shard_group); a split table is read by languini.memory_layers.sharded_bag, its
+    pairs from the PyTorch lookup on any device (the fused Triton kernel reads whole rows).
+
     query_norm: "layer" (default) normalises each token over its own features, so no token sees another
     and the block stays causal; "batch" is the paper's batch norm (statistics over the batch and time, so
     later tokens change earlier outputs in a causal LM); "none" skips it. value_grad: "atomic" or "segment"
@@ -67,7 +74,9 @@ class LRAMBlock(nn.Module):
 
     def __init__(self, d_model: int, memory_size: int | None = None, K=None, value_dim: int = 64,
                  topk: int = DEFAULT_TOPK, query_norm: str = "layer", use_triton: bool | None = None,
-                 value_grad: str = "atomic", sparse_values: bool = False, value_dtype: torch.dtype = torch.float32):
+                 value_grad: str = "atomic", sparse_values: bool = False, value_dtype: torch.dtype = torch.float32,
+                 values: nn.Parameter | None = None, gate: str = "none",
+                 shards: model_parallel.ShardGroup = model_parallel.WHOLE):
         super().__init__()
         if d_model % HEAD_INPUTS:
             raise ValueError(f"d_model must be a multiple of 16 (16 inputs per head), got {d_model}")
@@ -81,18 +90,33 @@ class LRAMBlock(nn.Module):
         self.query_norm = query_norm_layer(query_norm, d_model)
         if value_dtype not in VALUE_DTYPES.values():
             raise ValueError(f"value_dtype must be one of {list(VALUE_DTYPES)}, got {value_dtype}")
-        self.values = nn.Parameter(torch.empty(self.memory_size, value_dim, dtype=value_dtype))
+        if sparse_values and shards.size > 1:
+            raise ValueError("sparse_values is single-process only; a value table split over processes "
+                             "(--memory_shards) takes dense gradients")
+        self.gate = gate_layer(gate, d_model, self.n_heads * value_dim)
         self.out = nn.Linear(self.n_heads * value_dim, d_model)
         self.stats: MemoryStats | None = None  # set (evaluation) to record the reads of every forward
-        self.reset_values()
+        self.owns_values = values is None
+        if values is None:
+            self.values = model_parallel.parameter((self.memory_size, value_dim), shards, dim=1, dtype=value_dtype,
+                                                   what="the memory's value_dim")
+            self.reset_values()
+        else:
+            s = model_parallel.sharding(values)
+            shape = s.full_shape if s else tuple(values.shape)
+            if shape != (self.memory_size, value_dim):
+                raise ValueError(f"a shared value table must be [memory_size, value_dim] = "
+                                 f"{[self.memory_size, value_dim]}, got {list(shape)}")
+            self.values = values
 
     @property
     def memory_size(self) -> int:
         return lattice.memory_size(self.K)
 
     def reset_values(self):
-        """Values ~ N(0, 1/value_dim), as product-key memories initialise theirs (Lample et al., 2019)."""
-        nn.init.normal_(self.values, std=self.value_dim ** -0.5)
+        """Values ~ N(0, 1/value_dim), as product-key memories initialise theirs (Lample et al., 2019); the same
+        numbers however the table is split (languini.model_parallel.init_)."""
+        model_parallel.init_(self.values, lambda t: nn.init.normal_(t, std=self.value_dim ** -0.5))
 
     def value_parameters(self) -> list[nn.Parameter]:
         """The memory values, for an optimiser group of their own."""
@@ -110,11 +134,24 @@ class LRAMBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.stats is not None:
             self.stats.update(*self.read_locations(x))
-        read = theta(self.heads(x), self.values, self.K, self.topk, self.use_triton, self.value_grad,
-                     self.sparse_values)
+        if model_parallel.sharding(self.values):
+            read = self.theta_sharded(self.heads(x))
+        else:
+            read = theta(self.heads(x), self.values, self.K, self.topk, self.use_triton, self.value_grad,
+                         self.sparse_values)
         read = read.flatten(-2)
         # the kernel already wrote the autocast dtype (bf16, fp16), which the output layer takes as it is
-        return self.out(read if read.dtype in (torch.bfloat16, torch.float16) else read.to(x.dtype))
+        read = read if read.dtype in (torch.bfloat16, torch.float16) else read.to(x.dtype)
+        return self.out(gated(read, self.gate, x))
+
+    def theta_sharded(self, z: torch.Tensor) -> torch.Tensor:
+        """theta of heads z [..., 16] from a table split by columns: the lookup here, the harmonic scale folded
+        into its weights, the weighted read of every process's pairs by languini.memory_layers.sharded_bag."""
+        scale, q = torus_query(z, self.K)
+        index, weight = naive.lookup(q, self.K, self.topk)
+        pairs = index.reshape(-1, self.topk), (weight * scale).reshape(-1, self.topk)
+        read = sharded_bag(*pairs, self.values, lambda i, w, table: naive.weighted_read(i, w, table.float()))
+        return read.view(*z.shape[:-1], self.value_dim)
 
     @torch.no_grad()
     def read_locations(self, x: torch.Tensor):

@@ -3,6 +3,9 @@
 The memory sub-network (memory.LRAMBlock: affine w -> w, query norm, theta with w/16 heads of 64 values,
 affine 4w -> w) writes to the residual stream as the MLP it replaces. Its value table keeps its own init and
 trains at `value_lr_multiplier` x the learning rate (optimizer_groups), as in the LRAM paper (3.2).
+--memory_layers 2,4 puts a memory in several blocks, each with its own table or, with --share_memory, all
+reading one (the paper's section 6); --memory_gate silu gates each read (Memory+); --memory_shards splits each
+table's columns over processes (languini/model_parallel.py).
 
 FLOPs: DeepSpeed's profiler sees the memory's two affine maps and its query norm, but nothing of theta
 (the lookup is elementwise torch ops or a Triton kernel; the weighted sum an embedding bag or the kernel),
@@ -13,7 +16,9 @@ so extra_flops adds theta analytically, per token and head:
   + 2 * topk * m        the weighted sum of the topk value rows
   + m                   the harmonic scale times the read
 with 1 FLOP per elementary function; rounding, comparisons, the sort and the top-k selection count none.
-For topk = 32 and m = 64: 9920 FLOPs per token and head.
+For topk = 32 and m = 64: 9920 FLOPs per token and head. With the Memory+ gate the profiler sees W_g and the
+silu, not the product of read and gate: h * m more per token. Every memory layer counts its reads; a shared table's
+parameters count once.
 """
 import math
 
@@ -21,6 +26,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from languini import model_parallel
+from languini.memory_layers import memory_layer_indices
 from languini.memory_stats import MemoryStats
 from projects.lram_gpt.configs import ModelConfig
 from projects.lram_gpt.lattice import DIM, FUNDAMENTAL_POINTS
@@ -58,7 +65,7 @@ class Attention(nn.Module):
             scores = torch.einsum("bhid,bhjd->bhij", q, k) * self.d_head ** -0.5
             future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
             y = torch.einsum("bhij,bhjd->bhid", F.softmax(scores.masked_fill(future, float("-inf")), dim=-1), v)
-        return self.proj(y.transpose(1, 2).reshape(B, T, -1))
+        return self.proj(y.transpose(1, 2).flatten(2))
 
 
 class MLP(nn.Module):
@@ -84,21 +91,14 @@ class Block(nn.Module):
         return x + self.ff(self.ln2(x))
 
 
-def memory_layer_index(cfg: ModelConfig) -> int:
-    """The block holding the memory: cfg.memory_layer, or by default the last of the first two thirds."""
-    index = (2 * cfg.n_layers - 1) // 3 if cfg.memory_layer is None else cfg.memory_layer
-    if not 0 <= index < cfg.n_layers:
-        raise ValueError(f"memory_layer must be in [0, n_layers={cfg.n_layers}), got {index}; "
-                         f"use --memory_layer N counting blocks from 0.")
-    return index
-
-
-def lram_block(cfg: ModelConfig) -> LRAMBlock:
+def lram_block(cfg: ModelConfig, values: nn.Parameter | None = None) -> LRAMBlock:
+    """A memory layer of the config, reading `values` (another layer's table) or a table of its own."""
     if cfg.memory_value_dtype not in VALUE_DTYPES:
         raise ValueError(f"memory_value_dtype must be one of {list(VALUE_DTYPES)}, got {cfg.memory_value_dtype!r}")
     return LRAMBlock(cfg.d_model, memory_size=cfg.memory_size, value_dim=cfg.memory_value_dim, topk=cfg.memory_topk,
                      query_norm=cfg.memory_query_norm, value_grad=cfg.memory_value_grad,
-                     sparse_values=cfg.sparse_values, value_dtype=VALUE_DTYPES[cfg.memory_value_dtype])
+                     sparse_values=cfg.sparse_values, value_dtype=VALUE_DTYPES[cfg.memory_value_dtype], values=values,
+                     gate=cfg.memory_gate, shards=model_parallel.shard_group(cfg.memory_shards, "--memory_shards"))
 
 
 class Model(nn.Module):
@@ -107,18 +107,27 @@ class Model(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.memory_layer = memory_layer_index(cfg)
+        self.memory_blocks = memory_layer_indices(cfg.memory_layers, cfg.n_layers)
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg, lram_block(cfg) if i == self.memory_layer else MLP(cfg))
-                                    for i in range(cfg.n_layers))
+        blocks, first = [], None
+        for i in range(cfg.n_layers):
+            if i in self.memory_blocks:  # with share_memory, later memory layers read the first one's table
+                memory = lram_block(cfg, first.values if cfg.share_memory and first is not None else None)
+                first = first or memory
+                blocks.append(Block(cfg, memory))
+            else:
+                blocks.append(Block(cfg, MLP(cfg)))
+        self.blocks = nn.ModuleList(blocks)
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init)
         for block in self.blocks:  # GPT-2: the feed-forward residual write is scaled down with depth
-            residual_write = block.ff.out if block.ff is self.memory else block.ff.proj
+            residual_write = block.ff.out if isinstance(block.ff, LRAMBlock) else block.ff.proj
             nn.init.normal_(residual_write.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
-        self.memory.reset_values()  # the memory's own value init, not the GPT's
+        for memory in self.memories:  # the memory's own value init, not the GPT's
+            if memory.owns_values:
+                memory.reset_values()
 
     @staticmethod
     def _init(m):
@@ -128,8 +137,18 @@ class Model(nn.Module):
             nn.init.zeros_(m.bias)
 
     @property
+    def memories(self) -> list[LRAMBlock]:
+        """The memory layers, in block order."""
+        return [self.blocks[i].ff for i in self.memory_blocks]
+
+    @property
     def memory(self) -> LRAMBlock:
-        return self.blocks[self.memory_layer].ff
+        """The first memory layer."""
+        return self.memories[0]
+
+    def value_tables(self) -> list[nn.Parameter]:
+        """Each value table once (a shared one is read by several memory layers)."""
+        return list({id(p): p for m in self.memories for p in m.value_parameters()}.values())
 
     def forward(self, x, state=None):
         T = x.shape[1]
@@ -145,7 +164,7 @@ class Model(nn.Module):
     def optimizer_groups(self, lr: float) -> list[dict]:
         """The value table at value_lr_multiplier x lr, everything else at lr; with sparse_values the value
         group is marked "sparse" for a lazy optimiser (torch.optim.SparseAdam: only rows read are updated)."""
-        values = self.memory.value_parameters()
+        values = self.value_tables()
         value_ids = {id(p) for p in values}
         rest = [p for p in self.parameters() if id(p) not in value_ids]
         value_group = {"params": values, "lr": lr * self.cfg.value_lr_multiplier}
@@ -154,18 +173,30 @@ class Model(nn.Module):
         return [{"params": rest, "lr": lr}, value_group]
 
     def extra_flops(self, seq_len: int) -> int:
-        """Forward FLOPs at batch 1 that DeepSpeed's profiler misses: theta (see the module docstring)."""
-        memory = self.memory
-        return theta_flops(seq_len, memory.n_heads, memory.topk, memory.value_dim)
+        """Forward FLOPs at batch 1 that DeepSpeed's profiler misses: theta of every memory layer, and the
+        product of read and gate (see the module docstring)."""
+        return sum(theta_flops(seq_len, m.n_heads, m.topk, m.value_dim)
+                   + (seq_len * m.n_heads * m.value_dim if m.gate is not None else 0) for m in self.memories)
 
     # -- memory statistics (LRAM paper, Table 5) ---------------------------------------------------------
     def reset_memory_stats(self) -> None:
-        """Start recording the memory's reads in every forward until the next reset."""
-        self.memory.stats = MemoryStats(self.memory.memory_size)
+        """Start recording each memory layer's reads in every forward until the next reset."""
+        for memory in self.memories:
+            memory.stats = MemoryStats(memory.memory_size)
 
     def memory_stats(self) -> dict:
         """languini.memory_stats.MemoryStats.result() of the reads since reset_memory_stats; when running
-        distributed, over all processes, so every process must call it."""
-        if self.memory.stats is None:
+        distributed, over all processes, so every process must call it. With several memory layers, each
+        layer's under "layers" ("block_<i>"), and a shared table's (all its layers' reads) at the top."""
+        if any(m.stats is None for m in self.memories):
             raise ValueError("memory_stats() needs reset_memory_stats() and a forward pass first.")
-        return self.memory.stats.all_processes(self.memory.values.device).result()
+        device = self.memory.values.device
+        merged = [m.stats.all_processes(device) for m in self.memories]
+        if len(merged) == 1:
+            return merged[0].result()
+        stats = {"layers": {f"block_{i}": s.result() for i, s in zip(self.memory_blocks, merged)}}
+        if self.cfg.share_memory:
+            table = MemoryStats(self.memory.memory_size)
+            table.weight = sum(s.weight for s in merged)
+            stats.update(table.result())
+        return stats

@@ -5,6 +5,7 @@ model width, key dimension 64, knn 32); "<size>_xlm" carries XLM's defaults (4 h
 N = 512^2) instead.
 """
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from languini.flags import arg
 from projects.pkm_gpt.pkm import LRAM_PAPER_PKM, XLM_PKM
@@ -23,9 +24,12 @@ class ModelConfig:
     attention: str = arg("math", "math: an explicit masked softmax, as the official Languini code (whose use_flash is off: "
                                  "the paper saw gradient spikes with flash attention on its RTX 3090); sdpa: "
                                  "F.scaled_dot_product_attention (flash kernels)", choices=("math", "sdpa"))
-    memory_layer: int | None = arg(None, "index (from 0) of the block whose MLP the memory replaces; none: "
-                                         "(2 * n_layers - 1) // 3, the last block of the first two thirds, which is "
-                                         "the LRAM paper's 4th of 6 layers")
+    memory_layers: str | None = arg(None, "blocks (from 0) whose MLP a memory replaces, comma-separated (\"2,4\"); "
+                                          "none: (2 * n_layers - 1) // 3, the last block of the first two thirds, "
+                                          "which is the LRAM paper's 4th of 6 layers")
+    share_memory: bool = arg(False, "the memory layers read one value table (each its own queries and sub-keys)")
+    memory_gate: str = arg("none", "silu: Memory+ (Berges et al. 2024), out = W_o(read * silu(W_g x)), both maps "
+                                   "added; none: the read itself", choices=("none", "silu"))
     pkm_heads: int = arg(LRAM_PAPER_PKM.heads, "memory heads (queries per token)")
     pkm_k_dim: int = arg(LRAM_PAPER_PKM.k_dim, "width of a query, split in two halves for the product keys")
     pkm_n_keys: int = arg(LRAM_PAPER_PKM.n_keys, "sub-keys per half: the memory has pkm_n_keys ** 2 values of "
@@ -38,6 +42,11 @@ class ModelConfig:
     value_lr_multiplier: float = arg(10.0, "the value table's learning rate over the rest's (LRAM paper: 10x)")
     sparse_values: bool = arg(False, "the value gradient as sparse rows read, for a lazy (SparseAdam) optimiser "
                                      "group")
+    memory_shards: int = arg(1, "under torchrun, each value table split by columns over groups of this many "
+                                "processes (1: every process holds it whole); a layout, not a model: "
+                                "languini.model_parallel")
+
+    LAYOUT_FIELDS: ClassVar[tuple[str, ...]] = ("memory_shards",)
 
 
 _XLM = dict(pkm_heads=XLM_PKM.heads, pkm_k_dim=XLM_PKM.k_dim, pkm_n_keys=XLM_PKM.n_keys, pkm_knn=XLM_PKM.knn)

@@ -3,6 +3,10 @@
 The memory maps d_model -> d_model and writes to the residual stream as the MLP it replaces. Its value table
 trains at `value_lr_multiplier` x the learning rate (see `optimizer_groups`), as in the LRAM paper; with
 `sparse_values` its gradient holds only the rows read and its group is marked for a lazy SparseAdam.
+--memory_layers 2,4 puts a memory in several blocks, each with its own table or, with --share_memory, all reading
+one (each with its own queries and sub-keys); --memory_gate silu is Memory+ (W_o(read * silu(W_g x))), the
+profiler counting W_g, W_o and the silu, extra_flops the product; --memory_shards splits each table's columns over
+processes (languini/model_parallel.py).
 """
 import math
 
@@ -10,6 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from languini import model_parallel
+from languini.memory_layers import memory_layer_indices
 from languini.memory_stats import MemoryStats
 from projects.pkm_gpt.configs import ModelConfig
 from projects.pkm_gpt.pkm import ProductKeyMemory, pkm_flops
@@ -37,7 +43,7 @@ class Attention(nn.Module):
             scores = torch.einsum("bhid,bhjd->bhij", q, k) * self.d_head ** -0.5
             future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
             y = torch.einsum("bhij,bhjd->bhid", F.softmax(scores.masked_fill(future, float("-inf")), dim=-1), v)
-        return self.proj(y.transpose(1, 2).reshape(B, T, -1))
+        return self.proj(y.transpose(1, 2).flatten(2))
 
 
 class MLP(nn.Module):
@@ -63,13 +69,12 @@ class Block(nn.Module):
         return x + self.ff(self.ln2(x))
 
 
-def memory_layer_index(cfg: ModelConfig) -> int:
-    """The block holding the memory: cfg.memory_layer, or by default the last of the first two thirds."""
-    index = (2 * cfg.n_layers - 1) // 3 if cfg.memory_layer is None else cfg.memory_layer
-    if not 0 <= index < cfg.n_layers:
-        raise ValueError(f"memory_layer must be in [0, n_layers={cfg.n_layers}), got {index}; "
-                         f"use --memory_layer N counting blocks from 0.")
-    return index
+def product_key_memory(cfg: ModelConfig, values: nn.Parameter | None = None) -> ProductKeyMemory:
+    """A memory layer of the config, reading `values` (another layer's table) or a table of its own."""
+    return ProductKeyMemory(cfg.d_model, heads=cfg.pkm_heads, k_dim=cfg.pkm_k_dim, n_keys=cfg.pkm_n_keys,
+                            knn=cfg.pkm_knn, query_norm=cfg.memory_query_norm, value_grad=cfg.memory_value_grad,
+                            sparse_values=cfg.sparse_values, values=values, gate=cfg.memory_gate,
+                            shards=model_parallel.shard_group(cfg.memory_shards, "--memory_shards"))
 
 
 class Model(nn.Module):
@@ -78,22 +83,27 @@ class Model(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.memory_layer = memory_layer_index(cfg)
+        self.memory_blocks = memory_layer_indices(cfg.memory_layers, cfg.n_layers)
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
-        self.blocks = nn.ModuleList(
-            Block(cfg, ProductKeyMemory(cfg.d_model, heads=cfg.pkm_heads, k_dim=cfg.pkm_k_dim,
-                                        n_keys=cfg.pkm_n_keys, knn=cfg.pkm_knn, query_norm=cfg.memory_query_norm,
-                                        value_grad=cfg.memory_value_grad, sparse_values=cfg.sparse_values)
-                  if i == self.memory_layer else MLP(cfg))
-            for i in range(cfg.n_layers))
+        blocks, first = [], None
+        for i in range(cfg.n_layers):
+            if i in self.memory_blocks:  # with share_memory, later memory layers read the first one's table
+                memory = product_key_memory(cfg, first.values if cfg.share_memory and first is not None else None)
+                first = first or memory
+                blocks.append(Block(cfg, memory))
+            else:
+                blocks.append(Block(cfg, MLP(cfg)))
+        self.blocks = nn.ModuleList(blocks)
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init)
-        for block in self.blocks:  # GPT-2: the MLP's residual write is scaled down with depth
-            if isinstance(block.ff, MLP):
-                nn.init.normal_(block.ff.proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
-        self.memory.reset_memory_parameters()  # XLM's sub-key and value init, not the GPT's
+        for block in self.blocks:  # GPT-2: the residual writes of MLPs (and of gated memories) are scaled with depth
+            residual_write = block.ff.proj if isinstance(block.ff, MLP) else block.ff.out
+            if residual_write is not None:
+                nn.init.normal_(residual_write.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
+        for memory in self.memories:
+            memory.reset_memory_parameters()  # XLM's sub-key and value init, not the GPT's
 
     @staticmethod
     def _init(m):
@@ -103,8 +113,18 @@ class Model(nn.Module):
             nn.init.zeros_(m.bias)
 
     @property
+    def memories(self) -> list[ProductKeyMemory]:
+        """The memory layers, in block order."""
+        return [self.blocks[i].ff for i in self.memory_blocks]
+
+    @property
     def memory(self) -> ProductKeyMemory:
-        return self.blocks[self.memory_layer].ff
+        """The first memory layer."""
+        return self.memories[0]
+
+    def value_tables(self) -> list[nn.Parameter]:
+        """Each value table once (a shared one is read by several memory layers)."""
+        return list({id(p): p for m in self.memories for p in m.value_parameters()}.values())
 
     def forward(self, x, state=None):
         T = x.shape[1]
@@ -120,7 +140,7 @@ class Model(nn.Module):
     def optimizer_groups(self, lr: float) -> list[dict]:
         """The value table at value_lr_multiplier x lr, everything else at lr; with sparse_values the value
         group is marked "sparse" for a lazy optimiser (torch.optim.SparseAdam: only rows read are updated)."""
-        values = self.memory.value_parameters()
+        values = self.value_tables()
         value_ids = {id(p) for p in values}
         rest = [p for p in self.parameters() if id(p) not in value_ids]
         value_group = {"params": values, "lr": lr * self.cfg.value_lr_multiplier}
@@ -129,20 +149,33 @@ class Model(nn.Module):
         return [{"params": rest, "lr": lr}, value_group]
 
     def extra_flops(self, seq_len: int) -> int:
-        """Forward FLOPs at batch 1 that DeepSpeed's profiler misses: the candidate-score sums and the
-        embedding bag (the query projection and the half-key scores are matmuls it counts)."""
+        """Forward FLOPs at batch 1 that DeepSpeed's profiler misses, per memory layer: the candidate-score sums
+        and the embedding bag (the query projection and the half-key scores are matmuls it counts), and with the
+        Memory+ gate the product of read and gate (it counts W_g, W_o and the silu)."""
         cfg = self.cfg
         parts = pkm_flops(seq_len, cfg.d_model, heads=cfg.pkm_heads, k_dim=cfg.pkm_k_dim, n_keys=cfg.pkm_n_keys,
                           knn=cfg.pkm_knn)
-        return parts["candidate_sums"] + parts["embedding_bag"]
+        per_layer = parts["candidate_sums"] + parts["embedding_bag"]
+        return sum(per_layer + (seq_len * m.v_dim if m.gate is not None else 0) for m in self.memories)
 
     def reset_memory_stats(self) -> None:
-        """Start recording the memory's reads in every forward until the next reset."""
-        self.memory.stats = MemoryStats(self.memory.num_values)
+        """Start recording each memory layer's reads in every forward until the next reset."""
+        for memory in self.memories:
+            memory.stats = MemoryStats(memory.num_values)
 
     def memory_stats(self) -> dict:
         """languini.memory_stats.MemoryStats.result() of the reads since reset_memory_stats (LRAM paper Table 5);
-        when running distributed, over all processes, so every process must call it."""
-        if self.memory.stats is None:
+        when running distributed, over all processes, so every process must call it. With several memory
+        layers, each layer's under "layers" ("block_<i>"), and a shared table's (all its layers' reads) at the top."""
+        if any(m.stats is None for m in self.memories):
             raise ValueError("memory_stats() needs reset_memory_stats() and a forward pass first.")
-        return self.memory.stats.all_processes(self.memory.values.device).result()
+        device = self.memory.values.device
+        merged = [m.stats.all_processes(device) for m in self.memories]
+        if len(merged) == 1:
+            return merged[0].result()
+        stats = {"layers": {f"block_{i}": s.result() for i, s in zip(self.memory_blocks, merged)}}
+        if self.cfg.share_memory:
+            table = MemoryStats(self.memory.num_values)
+            table.weight = sum(s.weight for s in merged)
+            stats.update(table.result())
+        return stats

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from languini.memory_layers import check_value_grad, query_norm_layer
+from languini import model_parallel
+from languini.memory_layers import check_value_grad, gate_layer, gated, query_norm_layer, sharded_bag
 from languini.memory_stats import MemoryStats
 from projects.pkm_gpt.ops.embedding_bag import embedding_bag
 from projects.pkm_gpt.ops.product_keys import product_key_topk  # noqa: F401  (also this module's API)
@@ -41,7 +42,14 @@ XLM_PKM = PKMConfig(heads=4, k_dim=256, n_keys=512, knn=32)
 
 
 class ProductKeyMemory(nn.Module):
-    """[B, T, d_model] -> [B, T, v_dim]. The value table is `values` (see `value_parameters`).
+    """[B, T, d_model] -> [B, T, v_dim] ([B, T, d_model] with a gate). The value table is `values` (see
+    `value_parameters`).
+
+    values: another memory's table to read instead of one of its own (one memory read by several layers, each with
+    its own queries and sub-keys), of the same shape. gate: "silu" is Memory+ (Berges et al. 2024),
+    out = W_o(read * silu(W_g x)) with W_g: d_model -> v_dim and W_o: v_dim -> d_model; "none" returns the read.
+    shards: the model-parallel group the table's columns are split over (languini.model_parallel.shard_group),
+    read by languini.memory_layers.sharded_bag.
 
     sparse_values: the gradient of `values` is a coalesced sparse COO tensor holding only the rows read
     (as nn.Embedding(sparse=True)), for a lazy optimiser such as torch.optim.SparseAdam; a graph break
@@ -55,7 +63,8 @@ class ProductKeyMemory(nn.Module):
     """
 
     def __init__(self, d_model, heads=8, k_dim=64, n_keys=256, knn=32, v_dim=None, query_norm="layer",
-                 value_grad="atomic", use_triton=None, sparse_values=False, triton_search=None):
+                 value_grad="atomic", use_triton=None, sparse_values=False, values=None, gate="none",
+                 shards=model_parallel.WHOLE, triton_search=None):
         super().__init__()
         if k_dim % 2:
             raise ValueError(f"k_dim must be even (it is split into two halves), got {k_dim}")
@@ -72,22 +81,39 @@ class ProductKeyMemory(nn.Module):
         # Layer norm over all heads * k_dim features: the per-token counterpart of XLM's batch norm.
         self.query_norm = query_norm_layer(query_norm, heads * k_dim)
         self.sub_keys = nn.Parameter(torch.empty(heads, 2, n_keys, k_dim // 2))
-        self.values = nn.Parameter(torch.empty(self.num_values, self.v_dim))
+        if sparse_values and shards.size > 1:
+            raise ValueError("sparse_values is single-process only; a value table split over processes "
+                             "(--memory_shards) takes dense gradients")
+        self.owns_values = values is None
+        if values is None:
+            self.values = model_parallel.parameter((self.num_values, self.v_dim), shards, dim=1,
+                                                   what="the value width v_dim")
+        else:
+            s = model_parallel.sharding(values)
+            if (s.full_shape if s else tuple(values.shape)) != (self.num_values, self.v_dim):
+                raise ValueError(f"a shared value table must be [n_keys^2, v_dim] = {[self.num_values, self.v_dim]}")
+            self.values = values
+        self.gate = gate_layer(gate, d_model, self.v_dim)
+        self.out = nn.Linear(self.v_dim, d_model) if self.gate is not None else None
         self.stats: MemoryStats | None = None  # set (evaluation) to record the reads of every forward
         self.reset_memory_parameters()
 
     @classmethod
-    def from_config(cls, d_model, config: PKMConfig, use_triton=None):
+    def from_config(cls, d_model, config: PKMConfig, use_triton=None, **options):
+        """The layer of a PKMConfig; options: values, gate, shards (see the class)."""
         return cls(d_model, heads=config.heads, k_dim=config.k_dim, n_keys=config.n_keys, knn=config.knn,
                    v_dim=config.v_dim, query_norm=config.query_norm, value_grad=config.value_grad,
-                   use_triton=use_triton, sparse_values=config.sparse_values)
+                   use_triton=use_triton, sparse_values=config.sparse_values, **options)
 
     def reset_memory_parameters(self):
-        """Sub-keys and values; a model whose init loop rewrites all parameters should call this after it."""
-        # XLM's initialisation: uniform sub-keys with bound 1/sqrt(dim), normal values with std 1/sqrt(v_dim).
+        """Sub-keys and values (a table of its own); a model whose init loop rewrites all parameters should call
+        this after it."""
+        # XLM's initialisation: uniform sub-keys with bound 1/sqrt(dim), normal values with std 1/sqrt(v_dim),
+        # the same numbers however the table is split (languini.model_parallel.init_).
         bound = 1 / math.sqrt(self.k_dim // 2)
         nn.init.uniform_(self.sub_keys, -bound, bound)
-        nn.init.normal_(self.values, mean=0.0, std=self.v_dim ** -0.5)
+        if self.owns_values:
+            model_parallel.init_(self.values, lambda t: nn.init.normal_(t, mean=0.0, std=self.v_dim ** -0.5))
 
     def value_parameters(self):
         """The value table, for its own optimiser group (the LRAM paper uses 10x the learning rate)."""
@@ -105,9 +131,13 @@ class ProductKeyMemory(nn.Module):
         indices, weights = self.lookup(x)
         if self.stats is not None:
             self.stats.update(indices.detach(), weights.detach())
-        out = embedding_bag(self.values, indices, weights, use_triton=self.use_triton, value_grad=self.value_grad,
-                            sparse_values=self.sparse_values)
-        return out.to(x.dtype).unflatten(0, x.shape[:-1])
+        out = sharded_bag(indices, weights, self.values, self.bag).to(x.dtype).unflatten(0, x.shape[:-1])
+        return out if self.out is None else self.out(gated(out, self.gate, x))
+
+    def bag(self, indices, weights, values):
+        """The weighted embedding bag of ops/embedding_bag over `values` (the table, or this process's columns)."""
+        return embedding_bag(values, indices, weights, use_triton=self.use_triton, value_grad=self.value_grad,
+                             sparse_values=self.sparse_values)
 
 
 def pkm_flops(tokens, d_model, heads=8, k_dim=64, n_keys=256, knn=32, v_dim=None):

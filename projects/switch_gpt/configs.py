@@ -4,6 +4,7 @@
 smoke-test size. `python -m projects.switch_gpt.model` prints every config's parameter count.
 """
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from languini.flags import arg
 
@@ -38,6 +39,12 @@ class ModelConfig:
     expert_attention: bool = arg(False, "Switch for attention: in the MoE blocks the q and the shared k/v "
                                         "projections are Switch layers too, one router each (the Switch paper saw it "
                                         "diverge in bf16, fine in fp32: train it with --precision fp32)")
+    expert_parallel: int = arg(1, "under torchrun, each MoE layer's experts split over groups of this many "
+                                  "processes (n_experts / N each), tokens sent to their expert's process and back "
+                                  "(1: every process holds every expert); a layout, not a model: "
+                                  "languini.model_parallel")
+
+    LAYOUT_FIELDS: ClassVar[tuple[str, ...]] = ("expert_parallel",)
 
 
 _GPT_SIZES = {
@@ -86,6 +93,9 @@ def check(cfg: ModelConfig) -> None:
         raise ValueError(f"n_experts must be at least 1 (2 for top2), not {cfg.n_experts}")
     if cfg.capacity_factor <= 0:
         raise ValueError(f"capacity_factor must be positive, not {cfg.capacity_factor}")
+    if cfg.expert_parallel < 1 or cfg.n_experts % cfg.expert_parallel:
+        raise ValueError(f"expert_parallel must be at least 1 and divide n_experts ({cfg.n_experts}), not "
+                         f"{cfg.expert_parallel}")
 
 
 def get(name: str, **overrides) -> ModelConfig:

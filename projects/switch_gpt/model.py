@@ -1,7 +1,9 @@
 """A GPT (projects/gpt, copied) whose MLP in every other block is a Switch mixture of experts (Fedus et al. 2021;
 GShard's top-2 as an option): a float32 router, top-k routing, capacity in training with overflow passed through
 the residual, Switch's 0.1 initialisation scale, the load-balancing loss (and an optional router z-loss) returned
-as auxiliary losses; optionally Switch layers for the attention's q and shared k/v too (--expert_attention)."""
+as auxiliary losses; optionally Switch layers for the attention's q and shared k/v too (--expert_attention). With
+--expert_parallel N under torchrun each process holds n_experts / N experts of every MoE MLP and sends each token
+to its expert's process and back (experts_parallel; languini/model_parallel.py)."""
 import math
 import warnings
 
@@ -9,6 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from languini import model_parallel
 from projects.switch_gpt.configs import SIZES, ModelConfig, check, moe_blocks
 from projects.switch_gpt.ops.moe.naive import experts_naive
 
@@ -140,24 +143,36 @@ class SwitchLayer(nn.Module):
         return expert_index, gates, aux
 
     def parameters_per_expert(self) -> int:
-        return (sum(p.numel() for p in self.parameters()) - self.router.weight.numel()) // self.cfg.n_experts
+        """Parameters of one expert (a process may hold only some experts: languini.model_parallel)."""
+        held = [p for name, p in self.named_parameters() if not name.startswith("router.")]
+        return sum(p.numel() for p in held) // held[0].shape[0]
 
 
 class SwitchMLP(SwitchLayer):
-    """E experts (each a GPT MLP) behind a router; returns (output, auxiliary losses)."""
+    """E experts (each a GPT MLP) behind a router; returns (output, auxiliary losses). With expert_parallel > 1
+    under torchrun the expert parameters hold this process's experts only (languini.model_parallel.sharding)."""
 
     def __init__(self, cfg: ModelConfig):
         E, d, h = cfg.n_experts, cfg.d_model, cfg.mlp_ratio * cfg.d_model
         super().__init__(cfg, d)
+        shards = model_parallel.shard_group(cfg.expert_parallel, "--expert_parallel")
+
+        def experts_of(*shape):  # this process's experts of a tensor (E, ...)
+            return model_parallel.parameter((E, *shape), shards, dim=0, what="n_experts")
+
         # Expert weights laid out (E, in, out), the grouped GEMM's x @ W.
-        self.fc_weight, self.fc_bias = nn.Parameter(torch.empty(E, d, h)), nn.Parameter(torch.zeros(E, h))
-        self.proj_weight, self.proj_bias = nn.Parameter(torch.empty(E, h, d)), nn.Parameter(torch.zeros(E, d))
+        self.fc_weight, self.fc_bias = experts_of(d, h), experts_of(h)
+        self.proj_weight, self.proj_bias = experts_of(h, d), experts_of(d)
+        with torch.no_grad():
+            for p in (self.fc_weight, self.fc_bias, self.proj_weight, self.proj_bias):
+                p.zero_()  # defined before init_weights (the model's init) draws the weights
 
     def init_weights(self) -> None:
         s, d, h = self.cfg.init_scale, self.fc_weight.shape[1], self.fc_weight.shape[2]
         truncated_normal_(self.router.weight, s, d)
-        truncated_normal_(self.fc_weight, s, d)
-        truncated_normal_(self.proj_weight, s, h)
+        # the whole (E, ...) tensors drawn, each process keeping its experts: the same numbers on every layout
+        model_parallel.init_(self.fc_weight, lambda t: truncated_normal_(t, s, d))
+        model_parallel.init_(self.proj_weight, lambda t: truncated_normal_(t, s, h))
         nn.init.zeros_(self.fc_bias)
         nn.init.zeros_(self.proj_bias)
 
@@ -165,8 +180,9 @@ class SwitchMLP(SwitchLayer):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         expert_index, gates, aux = self.dispatch(x)
-        out = experts(x, expert_index, gates, self.fc_weight, self.fc_bias, self.proj_weight, self.proj_bias,
-                      self.cfg.experts_impl)
+        run = experts_parallel if model_parallel.sharding(self.fc_weight) else experts
+        out = run(x, expert_index, gates, self.fc_weight, self.fc_bias, self.proj_weight, self.proj_bias,
+                  self.cfg.experts_impl)
         return out.view(shape), aux
 
 
@@ -203,6 +219,31 @@ def experts(x, expert_index, gates, fc_weight, fc_bias, proj_weight, proj_bias, 
 
         return experts_grouped(x, expert_index, gates, fc_weight, fc_bias, proj_weight, proj_bias)
     return experts_naive(x, expert_index, gates, fc_weight, fc_bias, proj_weight, proj_bias)
+
+
+@torch.compiler.disable  # collectives with counts known only at run time: nothing for torch.compile to trace
+def experts_parallel(x, expert_index, gates, fc_weight, fc_bias, proj_weight, proj_bias, impl: str):
+    """experts() where the expert parameters hold only this process's experts of a group (model_parallel):
+    the kept choices, grouped by expert and so by the process holding it, go there with an all-to-all (how many
+    each process sends exchanged first), pass its local experts (the loop or the grouped kernel), come back with
+    the reverse all-to-all, and are weighted by their gates here. Capacity was applied to this process's tokens."""
+    shards, E_local, k = model_parallel.sharding(fc_weight).shards, fc_weight.shape[0], expert_index.shape[1]
+    choice = expert_index.reshape(-1)
+    kept = (choice >= 0).nonzero().squeeze(1)
+    order = torch.argsort(choice[kept], stable=True)
+    kept, expert = kept[order], choice[kept][order]
+    send = count_per_expert(expert // E_local, shards.size)
+    recv = model_parallel.exchange_counts(send, shards.group)
+    send = send.tolist()
+    rows = model_parallel.all_to_all(x[kept // k], send, recv, shards.group)
+    local = model_parallel.all_to_all((expert % E_local)[:, None], send, recv, shards.group)
+    if rows.shape[0]:
+        y = experts(rows, local, torch.ones(local.shape, device=x.device), fc_weight, fc_bias, proj_weight,
+                    proj_bias, impl)
+    else:  # no token for these experts: no kernel launch, and the backward still joins the group's all-to-all
+        y = rows * 0
+    y = model_parallel.all_to_all(y, recv, send, shards.group)
+    return torch.zeros_like(x).index_add(0, kept // k, (y * gates.reshape(-1)[kept, None]).to(x.dtype))
 
 
 class Block(nn.Module):
@@ -275,7 +316,7 @@ class Model(nn.Module):
 
     def active_parameters(self) -> int:
         """Parameters a token passes through: all but the experts it is not routed to."""
-        total = sum(p.numel() for p in self.parameters())
+        total = model_parallel.parameter_count(self)
         for layer in self.switch_layers().values():
             total -= (layer.cfg.n_experts - layer.k) * layer.parameters_per_expert()
         return total

@@ -47,17 +47,17 @@ def test_sequence_longer_than_position_table_is_explained():
 
 
 def test_memory_replaces_one_mlp_at_the_configured_layer():
-    model = tiny_model(memory_layer=0)
+    model = tiny_model(memory_layers="0")
     assert [type(block.ff) for block in model.blocks] == [LRAMBlock, MLP, MLP] and model.memory is model.blocks[0].ff
     assert model.memory.memory_size == 2 ** 12 and model.memory.n_heads == 2 and model.memory.topk == 32
-    with pytest.raises(ValueError, match="memory_layer"):
-        tiny_model(memory_layer=3)
+    with pytest.raises(ValueError, match="memory_layers"):
+        tiny_model(memory_layers="3")
 
 
 @pytest.mark.parametrize("n_layers,expected", [(6, 3), (12, 7), (24, 15), (4, 2), (2, 1), (1, 0)])
 def test_default_memory_layer(n_layers, expected):
     # The LRAM paper puts the memory in the 4th of 6 layers; deeper models keep it at two thirds of the depth.
-    assert tiny_model(n_layers=n_layers).memory_layer == expected
+    assert tiny_model(n_layers=n_layers).memory_blocks == [expected]
 
 
 @pytest.mark.parametrize("query_norm,causal", [("layer", True), ("batch", False)])
@@ -93,7 +93,7 @@ def test_lram_paper_models_add_their_parameters(memory_size, total_millions):
     with torch.device("meta"):
         model = Model(cfg)
     added = sum(p.numel() for p in model.parameters()) - gpt_parameters(30000, 256, 512, 6, 8, 64, 4)
-    assert model.memory_layer == 3
+    assert model.memory_blocks == [3]
     assert abs(added - (total_millions - 58.4) * 1e6) <= 0.1e6
 
 
@@ -131,6 +131,58 @@ def test_extra_flops_by_hand():
     # + 2 * 32 * 64 (weighted sum) + 64 (harmonic scale) = 9920
     assert tiny_model().extra_flops(16) == 16 * 2 * 9920
     assert tiny_model(memory_topk=8).extra_flops(16) == 16 * 2 * (64 + 5568 + 32 + 1024 + 64)
+
+
+def test_shared_gated_memory_counts_its_table_once_and_every_read():
+    model = tiny_model(memory_layers="0,2", share_memory=True, memory_gate="silu")
+    assert [type(b.ff) for b in model.blocks] == [LRAMBlock, MLP, LRAMBlock] and model.memory_blocks == [0, 2]
+    assert model.blocks[2].ff.values is model.blocks[0].ff.values and model.value_tables() == [model.memory.values]
+    d, N, m, read = 32, 2 ** 12, 64, 2 * 64
+    gate = d * read + read  # W_g: d -> h * m, with its bias
+    own = lram_parameters(d, N, m, "layer") - N * m + gate  # what each memory layer holds besides the table
+    expected = gpt_parameters(50, 16, d, 3, 2, 16, 2) - 2 * mlp_parameters(d, 2) + 2 * own + N * m
+    assert sum(p.numel() for p in model.parameters()) == expected
+    separate = tiny_model(memory_layers="0,2", memory_gate="silu")
+    assert sum(p.numel() for p in separate.parameters()) == expected + N * m and len(separate.value_tables()) == 2
+    # every memory layer reads: theta per head, and the gate's product read * silu(W_g x), which the profiler misses
+    assert model.extra_flops(16) == 2 * 16 * (2 * 9920 + read)
+    plain = tiny_model(memory_layers="0,2", share_memory=True)
+    seen = flops.forward_flops(model, 16, 50) - flops.forward_flops(plain, 16, 50)
+    assert seen == 2 * 16 * (2 * d * read + read) + 2 * 16 * read  # W_g and silu by the profiler, the product added
+    values = [g for g in model.optimizer_groups(1e-3) if g["lr"] == pytest.approx(1e-2)]
+    assert len(values) == 1 and values[0]["params"] == [model.memory.values]
+
+
+def test_memory_stats_per_reading_layer_and_for_the_shared_table():
+    model = tiny_model(memory_size=2 ** 8, memory_layers="0,2", share_memory=True).eval()
+    model.reset_memory_stats()
+    with torch.no_grad():
+        model(torch.randint(50, (2, 9)))
+    stats = model.memory_stats()
+    assert stats["layers"].keys() == {"block_0", "block_2"}
+    weights = [m.stats.weight for m in model.memories]
+    assert stats["memory_usage"] == ((weights[0] + weights[1]) > 0).double().mean().item()
+    assert stats["memory_usage"] >= max(s["memory_usage"] for s in stats["layers"].values())
+    separate = tiny_model(memory_size=2 ** 8, memory_layers="0,2").eval()
+    separate.reset_memory_stats()
+    with torch.no_grad():
+        separate(torch.randint(50, (2, 9)))
+    assert separate.memory_stats().keys() == {"layers"}  # two tables: each layer's reads only
+
+
+@pytest.mark.parametrize("options", [dict(memory_layers="0,2", share_memory=True), dict(memory_gate="silu")])
+def test_shared_and_gated_memories_train(options):
+    model = tiny_model(**options)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    x = torch.randint(50, (4, 16))
+    losses = []
+    for _ in range(15):
+        loss = torch.nn.functional.cross_entropy(model(x[:, :-1])[0].flatten(0, 1), x[:, 1:].flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.85 * losses[0]
 
 
 def test_profiler_sees_nothing_of_theta_on_either_path():

@@ -51,18 +51,18 @@ def test_sequence_longer_than_position_table_is_explained():
 
 
 def test_memory_replaces_one_mlp_at_the_configured_layer():
-    model = tiny_model(memory_layer=0)
+    model = tiny_model(memory_layers="0")
     kinds = [type(block.ff) for block in model.blocks]
     assert kinds == [ProductKeyMemory, MLP, MLP] and model.memory is model.blocks[0].ff
     assert model.memory.v_dim == TINY["d_model"]
-    with pytest.raises(ValueError, match="memory_layer"):
-        tiny_model(memory_layer=3)
+    with pytest.raises(ValueError, match="memory_layers"):
+        tiny_model(memory_layers="3")
 
 
 @pytest.mark.parametrize("n_layers,expected", [(6, 3), (12, 7), (24, 15), (4, 2), (2, 1), (1, 0)])
 def test_default_memory_layer(n_layers, expected):
     # The LRAM paper puts the memory in the 4th of 6 layers; deeper models keep it at two thirds of the depth.
-    assert tiny_model(n_layers=n_layers).memory_layer == expected
+    assert tiny_model(n_layers=n_layers).memory_blocks == [expected]
 
 
 @pytest.mark.parametrize("query_norm,causal", [("layer", True), ("batch", False)])
@@ -106,7 +106,7 @@ def test_lram_paper_pkm_adds_its_parameters():
     with torch.device("meta"):
         model = Model(cfg)
     baseline = gpt_parameters(30000, 256, 512, 6, 8, 64, 4)
-    assert model.memory_layer == 3 and model.memory.num_values == 2 ** 16
+    assert model.memory_blocks == [3] and model.memory.num_values == 2 ** 16
     assert 31.8e6 <= sum(p.numel() for p in model.parameters()) - baseline <= 32.0e6
 
 
@@ -142,6 +142,50 @@ def test_extra_flops_hold_everything_that_depends_on_knn():
         counts[knn] = (flops.forward_flops(model, 16, 50), model.extra_flops(16))
         assert counts[knn][1] == 16 * (2 * knn * knn + 2 * 2 * knn * 24)
     assert counts[2][0] - counts[2][1] == counts[4][0] - counts[4][1]
+
+
+def test_shared_gated_memory_counts_its_table_once_and_every_read():
+    model = tiny_model(memory_layers="0,2", share_memory=True, memory_gate="silu")
+    assert [type(b.ff) for b in model.blocks] == [ProductKeyMemory, MLP, ProductKeyMemory]
+    assert model.blocks[2].ff.values is model.blocks[0].ff.values and model.value_tables() == [model.memory.values]
+    d, table = 24, 16 * 24
+    gate = 2 * (d * d + d)  # Memory+: W_g (d -> v_dim) and W_o (v_dim -> d), with biases
+    own = pkm_parameters(d, 2, 6, 4) - table + gate  # what each memory layer holds besides the table
+    expected = gpt_parameters(50, 16, d, 3, 2, 8, 2) - 2 * mlp_parameters(d, 2) + 2 * own + table
+    assert sum(p.numel() for p in model.parameters()) == expected
+    separate = tiny_model(memory_layers="0,2", memory_gate="silu")
+    assert sum(p.numel() for p in separate.parameters()) == expected + table and len(separate.value_tables()) == 2
+    plain = tiny_model(memory_layers="0,2", share_memory=True)
+    # every memory layer reads (candidate sums and bag), and the gate's product read * silu(W_g x)
+    assert model.extra_flops(16) == plain.extra_flops(16) + 2 * 16 * d == 2 * 16 * (2 * 3 * 3 + 2 * 2 * 3 * d + d)
+    seen = flops.forward_flops(model, 16, 50) - flops.forward_flops(plain, 16, 50)
+    assert seen == 2 * 16 * (2 * 2 * d * d + d) + 2 * 16 * d  # W_g, W_o and silu by the profiler, the product added
+
+
+def test_memory_stats_per_reading_layer_and_for_the_shared_table():
+    model = tiny_model(memory_layers="0,2", share_memory=True).eval()
+    model.reset_memory_stats()
+    with torch.no_grad():
+        model(torch.randint(50, (2, 9)))
+    stats = model.memory_stats()
+    assert stats["layers"].keys() == {"block_0", "block_2"}
+    weights = [m.stats.weight for m in model.memories]
+    assert stats["memory_usage"] == ((weights[0] + weights[1]) > 0).double().mean().item()
+
+
+@pytest.mark.parametrize("options", [dict(memory_layers="0,2", share_memory=True), dict(memory_gate="silu")])
+def test_shared_and_gated_memories_train(options):
+    model = tiny_model(**options)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    x = torch.randint(50, (4, 16))
+    losses = []
+    for _ in range(15):
+        loss = torch.nn.functional.cross_entropy(model(x[:, :-1])[0].flatten(0, 1), x[:, 1:].flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.85 * losses[0]
 
 
 def test_flops_on_the_meta_device_match_cpu():

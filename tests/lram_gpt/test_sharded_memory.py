@@ -1,0 +1,32 @@
+"""The LRAM layer with its value table split by columns over 2 processes (gloo) against the whole table on one
+process (tests/split_layer.py): initial values, outputs, every gradient and one Adam step; with and without the
+Memory+ gate, the processes reading different numbers of tokens (the layer exchanges the counts)."""
+import torch
+
+from projects.lram_gpt.memory import LRAMBlock
+from tests.distributed import run_on_ranks
+from tests.split_layer import check_split_layer
+
+WIDTH, LOCATIONS, VALUE_DIM = 32, 256, 8  # 2 heads; 4 values of each location per process
+TOKENS = (5, 3)
+# fp32 sums of 32 weighted values per head, in another order (the harmonic scale folded into the weights)
+TOLERANCE = dict(rtol=1e-5, atol=1e-6)
+
+
+def tokens(rank: int):
+    generator = torch.Generator().manual_seed(100 + rank)
+    return torch.randn(TOKENS[rank], WIDTH, generator=generator), torch.randn(TOKENS[rank], WIDTH, generator=generator)
+
+
+def check(rank: int, world_size: int) -> None:
+    for gate in ("none", "silu"):
+        def build(shards):
+            torch.manual_seed(0)
+            return LRAMBlock(WIDTH, memory_size=LOCATIONS, value_dim=VALUE_DIM, use_triton=False, gate=gate,
+                             shards=shards)
+
+        check_split_layer(rank, world_size, build, tokens, TOLERANCE, f"gate {gate}")
+
+
+def test_split_value_table_matches_the_whole_table():
+    run_on_ranks(check, 2)
