@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from projects.sam import links, usage
 from projects.sam.index import INDEXES, FaissIndex, search
-from projects.sam.memory import ContentWeights, GradientBuffers, ReadWords, SparseWrite, Tape, flat_rows
+from projects.sam.memory import ContentWeights, GradientBuffers, ReadWords, SparseRead, SparseWrite, Tape
 from projects.sam.ops.topk import EMPTY
 
 KINDS = ("sam", "sdnc", "dam", "dnc", "lstm")
@@ -158,7 +158,7 @@ class MemoryCore(nn.Module):
             raise ValueError(f"the state holds {state['memory'].shape[0]} streams, the input {B}")
         if "ring" in state and state["ring"].device.type != "cpu":
             state["ring"] = state["ring"].cpu()  # a checkpoint loaded onto a GPU
-        input_gates = self.controller.input(x)
+        input_gates = self.controller.input(x).unbind(1)  # one backward node for all steps, not one per step
         h, c, read = state["h"], state["c"], state["read"]
         step = {"sam": self._sparse_step, "sdnc": self._sparse_step, "dam": self._dense_step,
                 "dnc": self._dense_step, "lstm": None}[self.kind]
@@ -167,9 +167,12 @@ class MemoryCore(nn.Module):
             recording = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
             context["tape"] = Tape(state["memory"], self.gradient_buffers, recording)
             context["faiss"] = self.faiss_index(state) if self.cfg.index == "faiss" else None
+            context["ring"] = usage.Ring(state["ring"])
+            # word index + offset = the row of the (B * N, W) view of the memory
+            context["offsets"] = (torch.arange(B, device=x.device) * self.cfg.words).view(B, 1, 1)
         hs, reads = [], []
         for t in range(T):
-            h, c = self.controller.step(input_gates[:, t], read, h, c)
+            h, c = self.controller.step(input_gates[t], read, h, c)
             if step is not None:
                 read = step(self.interface(h).float(), state, context)
             hs.append(h)
@@ -190,15 +193,15 @@ class MemoryCore(nn.Module):
         return query, strength, word, alpha, gamma, modes
 
     def _sparse_step(self, interface, state, context):
-        cfg, tape, faiss = self.cfg, context["tape"], context["faiss"]
+        cfg, tape, faiss, offsets = self.cfg, context["tape"], context["faiss"], context["offsets"]
         N, K = cfg.words, cfg.k
         query, strength, word, alpha, gamma, modes = self._heads(interface)
-        memory, ring = state["memory"], state["ring"]
+        memory, ring = state["memory"], context["ring"]
         # write (3.3): the previously read words and each head's least recently used word, erased first
-        lru = torch.tensor(usage.least_recent(ring, cfg.heads), device=memory.device)  # (B, H)
+        lru = torch.tensor(ring.least_recent(cfg.heads), device=memory.device)  # (B, H)
         written = torch.cat([state["read_words"], lru[..., None]], -1)  # (B, H, K + 1)
         coeffs = alpha[..., None] * torch.cat([gamma[..., None] * state["read_weights"], (1 - gamma)[..., None]], -1)
-        tape.token = SparseWrite.apply(tape.token, coeffs, word, tape, flat_rows(written, N), flat_rows(lru, N).view(-1))
+        tape.token = SparseWrite.apply(tape.token, coeffs, word, tape, written + offsets, (lru + offsets[:, 0]).view(-1))
         if faiss is not None:
             faiss.update(memory, written.flatten(1).tolist())
             faiss.writes += 1
@@ -207,8 +210,11 @@ class MemoryCore(nn.Module):
             links.update_links(state, written.flatten(1), coeffs.flatten(1) / cfg.heads)
         # read (3.1): the K nearest words' content weights, for the SDNC mixed with the links' (3.19, 3.20)
         nearest = search(query, memory, K, faiss, cfg.topk_impl)
-        content, tape.token = ContentWeights.apply(tape.token, query, strength, tape, flat_rows(nearest, N))
-        if self.kind == "sdnc":
+        if self.kind == "sam":
+            read, read_weights, tape.token = SparseRead.apply(tape.token, query, strength, tape, nearest + offsets)
+            read_words = nearest
+        else:
+            content, tape.token = ContentWeights.apply(tape.token, query, strength, tape, nearest + offsets)
             forward_words, forward_weights = links.follow(state, "forward", state["read_words"], state["read_weights"])
             backward_words, backward_weights = links.follow(state, "backward", state["read_words"],
                                                             state["read_weights"])
@@ -216,12 +222,10 @@ class MemoryCore(nn.Module):
             mixed = torch.cat([modes[..., :1] * content, modes[..., 1:2] * forward_weights,
                                modes[..., 2:] * backward_weights], -1)
             read_words, read_weights = select_read(candidates, mixed, K, N)
-        else:
-            read_words, read_weights = nearest, content
-        read, tape.token = ReadWords.apply(tape.token, read_weights, tape, flat_rows(read_words, N))
+            read, tape.token = ReadWords.apply(tape.token, read_weights, tape, read_words + offsets)
         accessed = [w + r for w, r in zip(usage.accessed_words(written, coeffs, cfg.delta),
                                           usage.accessed_words(read_words, read_weights, cfg.delta))]
-        usage.touch(ring, accessed)
+        ring.touch(accessed)
         state["read_words"], state["read_weights"] = read_words, read_weights
         return read.flatten(1)
 

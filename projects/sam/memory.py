@@ -13,10 +13,10 @@ The gradient with respect to the memory flows backwards through a dense buffer d
 Jacobian", allocated once per memory shape) that the steps only touch at their rows; the rows touched are zeroed
 again at the end of the backward, so the buffer costs O(1) per step as well.
 
-Three autograd functions make one step; they share the memory through a Tape and are chained by a scalar token
-(each returns a zero that the next takes), which orders their backwards strictly in reverse: write(t),
-content weights(t), read(t), write(t + 1), ... The core adds the last token to its outputs, so a loss on any
-output runs the whole chain.
+Autograd functions make a step (SAM: SparseWrite, then SparseRead; the Sparse DNC: SparseWrite, ContentWeights,
+ReadWords); they share the memory through a Tape and are chained by a scalar token (each returns a zero that the
+next takes), which orders their backwards strictly in reverse: read(t), write(t), read(t - 1), ... The core adds
+the last token to its outputs, so a loss on any output runs the whole chain.
 """
 import torch
 
@@ -27,12 +27,33 @@ def content_weights(query: torch.Tensor, strength: torch.Tensor, rows: torch.Ten
     """Softmax over the K candidate words of strength * cosine(query, word) (eq. 2.4 restricted to K words, so
     the weights are renormalised over them, eq. 3.1): query (B, H, W), strength (B, H), rows (B, H, K, W).
     An all-zero word scores EMPTY (as in the search) and passes no gradient."""
-    q = query / query.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-    norms = rows.norm(dim=-1)
+    return _content(query, strength, rows)[0]
+
+
+def _content(query, strength, rows):
+    """content_weights and what its backward needs: (weights, unit query, query norm, unit rows, row norms,
+    cosines, written)."""
+    q_norm = query.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    q = query / q_norm
+    norms = rows.norm(dim=-1, keepdim=True)
     written = norms > 0
-    cosine = torch.where(written, (rows * q[:, :, None, :]).sum(-1) / torch.where(written, norms, 1.0),
-                         torch.full_like(norms, EMPTY))
-    return torch.softmax(strength[..., None] * cosine, dim=-1)
+    unit = rows / torch.where(written, norms, 1.0)
+    cosine = torch.where(written[..., 0], (unit * q[:, :, None, :]).sum(-1), EMPTY)
+    return torch.softmax(strength[..., None] * cosine, dim=-1), q, q_norm, unit, norms, cosine, written
+
+
+def _content_backward(d_weights, query, strength, rows):
+    """Gradients of content_weights with respect to query, strength and rows, by hand (the chain rule through
+    the softmax, the strength and the two normalisations)."""
+    weights, q, q_norm, unit, norms, cosine, written = _content(query, strength, rows)
+    d_logits = weights * (d_weights - (weights * d_weights).sum(-1, keepdim=True))
+    d_strength = (d_logits * cosine).sum(-1)
+    d_cosine = torch.where(written[..., 0], d_logits * strength[..., None], 0.0)  # (B, H, K)
+    d_q = (d_cosine[..., None] * unit).sum(2)
+    d_query = (d_q - q * (q * d_q).sum(-1, keepdim=True)) / q_norm
+    d_unit = d_cosine[..., None] * q[:, :, None, :]
+    d_rows = (d_unit - unit * (unit * d_unit).sum(-1, keepdim=True)) / torch.where(written, norms, 1.0)
+    return d_query, d_strength, d_rows
 
 
 class GradientBuffers:
@@ -125,11 +146,36 @@ class ContentWeights(torch.autograd.Function):
     def backward(ctx, d_weights, _):
         query, strength = ctx.saved_tensors
         tape, rows = ctx.tape, ctx.rows
-        words = tape.memory.index_select(0, rows.reshape(-1)).view(*rows.shape, -1).requires_grad_()
-        query, strength = query.detach().requires_grad_(), strength.detach().requires_grad_()
-        with torch.enable_grad():
-            weights = content_weights(query, strength, words)
-        d_query, d_strength, d_words = torch.autograd.grad(weights, (query, strength, words), d_weights)
+        words = tape.memory.index_select(0, rows.reshape(-1)).view(*rows.shape, -1)
+        d_query, d_strength, d_words = _content_backward(d_weights, query, strength, words)
+        tape.grad.index_add_(0, rows.reshape(-1), d_words.reshape(-1, d_words.shape[-1]))
+        return None, d_query, d_strength, None, None
+
+
+class SparseRead(torch.autograd.Function):
+    """SAM's read in one function: the content weights of the words at flat rows (B, H, K) of M_t and
+    r = sum_k weights[k] * M_t[rows[k]]; returns (r, weights, token). The backward gathers the words again from
+    the memory (reverted to M_t by then) instead of keeping them."""
+
+    @staticmethod
+    def forward(ctx, token, query, strength, tape: Tape, rows):
+        words = tape.memory.index_select(0, rows.reshape(-1)).view(*rows.shape, -1)
+        weights = content_weights(query, strength, words)
+        if tape.recording:
+            tape.touched.append(rows.reshape(-1))
+            ctx.save_for_backward(query, strength)
+            ctx.tape, ctx.rows = tape, rows
+        return (weights[..., None] * words).sum(2), weights, token.new_zeros(())
+
+    @staticmethod
+    def backward(ctx, d_read, d_weights, _):
+        query, strength = ctx.saved_tensors
+        tape, rows = ctx.tape, ctx.rows
+        words = tape.memory.index_select(0, rows.reshape(-1)).view(*rows.shape, -1)
+        weights = content_weights(query, strength, words)
+        d_query, d_strength, d_words = _content_backward(d_weights + (words * d_read[:, :, None, :]).sum(-1),
+                                                         query, strength, words)
+        d_words = d_words + weights[..., None] * d_read[:, :, None, :]
         tape.grad.index_add_(0, rows.reshape(-1), d_words.reshape(-1, d_words.shape[-1]))
         return None, d_query, d_strength, None, None
 
@@ -156,8 +202,3 @@ class ReadWords(torch.autograd.Function):
         tape.grad.index_add_(0, rows.reshape(-1), d_words.reshape(-1, d_words.shape[-1]))
         return None, d_weights, None, None
 
-
-def flat_rows(indices: torch.Tensor, words: int) -> torch.Tensor:
-    """Word indices (B, ...) -> row indices of the (B * N, W) view of the memory."""
-    offsets = torch.arange(indices.shape[0], device=indices.device) * words
-    return indices + offsets.view(-1, *([1] * (indices.dim() - 1)))

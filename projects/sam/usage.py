@@ -24,55 +24,51 @@ def new_ring(batch: int, words: int) -> torch.Tensor:
     return torch.stack([prev, nxt]).expand(batch, 2, words + 1).clone()
 
 
-def _views(ring: torch.Tensor, b: int):
-    rows = ring[b].numpy()  # shares the tensor's storage: writes land in the ring
-    return memoryview(rows[0]), memoryview(rows[1])
+class Ring:
+    """Pointer access to a ring tensor (batch, 2, words + 1) on the CPU, for one forward: memoryviews of its rows,
+    made once, share its storage, so the moves below change the tensor."""
 
+    def __init__(self, ring: torch.Tensor):
+        if ring.device.type != "cpu" or ring.dtype != torch.int64:
+            raise ValueError("the usage ring is an int64 tensor on the CPU")
+        rows = ring.numpy()
+        self.prev = [memoryview(rows[b, 0]) for b in range(rows.shape[0])]
+        self.next = [memoryview(rows[b, 1]) for b in range(rows.shape[0])]
+        self.sentinel = ring.shape[-1] - 1
 
-def least_recent(ring: torch.Tensor, count: int) -> list[list[int]]:
-    """The `count` least recently used words of every stream, least recent first (without moving them)."""
-    if ring.device.type != "cpu":
-        raise ValueError("the usage ring lives on the CPU")
-    sentinel = ring.shape[-1] - 1
-    if count > sentinel:
-        raise ValueError(f"asked for {count} words of a memory of {sentinel}")
-    chosen = []
-    for b in range(ring.shape[0]):
-        _, nxt = _views(ring, b)
-        words, node = [], sentinel
-        for _ in range(count):
-            node = nxt[node]
+    def least_recent(self, count: int) -> list[list[int]]:
+        """The `count` least recently used words of every stream, least recent first (without moving them)."""
+        if count > self.sentinel:
+            raise ValueError(f"asked for {count} words of a memory of {self.sentinel}")
+        chosen = []
+        for nxt in self.next:
+            words, node = [], self.sentinel
+            for _ in range(count):
+                node = nxt[node]
+                words.append(node)
+            chosen.append(words)
+        return chosen
+
+    def touch(self, accessed: list[list[int]]) -> None:
+        """Move the words each stream accessed to the back of its ring (most recently used), in the order given;
+        repeated words count once."""
+        sentinel = self.sentinel
+        for prev, nxt, words in zip(self.prev, self.next, accessed):
+            for word in dict.fromkeys(words):
+                if nxt[word] == sentinel:  # already the most recent
+                    continue
+                before, after = prev[word], nxt[word]
+                nxt[before], prev[after] = after, before
+                last = prev[sentinel]
+                nxt[last], prev[word], nxt[word], prev[sentinel] = word, last, sentinel, word
+
+    def order(self, b: int) -> list[int]:
+        """Stream b's words from the least to the most recently used (for tests and inspection)."""
+        words, node = [], self.next[b][self.sentinel]
+        while node != self.sentinel:
             words.append(node)
-        chosen.append(words)
-    return chosen
-
-
-def touch(ring: torch.Tensor, accessed: list[list[int]]) -> None:
-    """Move the words each stream accessed to the back of its ring (most recently used), in the order given;
-    repeated words count once."""
-    sentinel = ring.shape[-1] - 1
-    for b, words in enumerate(accessed):
-        if not words:
-            continue
-        prev, nxt = _views(ring, b)
-        for word in dict.fromkeys(words):
-            if nxt[word] == sentinel:  # already the most recent
-                continue
-            before, after = prev[word], nxt[word]
-            nxt[before], prev[after] = after, before
-            last = prev[sentinel]
-            nxt[last], prev[word], nxt[word], prev[sentinel] = word, last, sentinel, word
-
-
-def order(ring: torch.Tensor, b: int) -> list[int]:
-    """Stream b's words from the least to the most recently used (for tests and inspection)."""
-    sentinel = ring.shape[-1] - 1
-    _, nxt = _views(ring, b)
-    words, node = [], nxt[sentinel]
-    while node != sentinel:
-        words.append(node)
-        node = nxt[node]
-    return words
+            node = self.next[b][node]
+        return words
 
 
 def accessed_words(indices: torch.Tensor, weights: torch.Tensor, delta: float) -> list[list[int]]:

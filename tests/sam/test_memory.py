@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from projects.sam import usage
 from projects.sam.configs import MemoryConfig
 from projects.sam.core import MemoryCore
-from projects.sam.memory import ReadWords, Tape
+from projects.sam.memory import SparseRead, Tape
 
 B, H, N, W, K, STEPS = 2, 2, 12, 5, 3, 9
 
@@ -50,10 +50,11 @@ def sparse_run(core, interfaces, memory):
     """The core's sparse steps (core.py) on the given interfaces; returns reads, the erased words of each step."""
     state = core.initial_state(B, "cpu")
     state["memory"], state["read_weights"] = memory.clone(), state["read_weights"].double()
-    context = {"tape": Tape(state["memory"], core.gradient_buffers, True), "faiss": None}
+    context = {"tape": Tape(state["memory"], core.gradient_buffers, True), "faiss": None,
+               "ring": usage.Ring(state["ring"]), "offsets": (torch.arange(B) * N).view(B, 1, 1)}
     reads, erased = [], []
     for itf in interfaces:
-        erased.append(usage.least_recent(state["ring"], H))  # what the step will erase
+        erased.append(context["ring"].least_recent(H))  # what the step will erase
         reads.append(core._sparse_step(itf, state, context))
     return torch.stack(reads) + context["tape"].token, erased, state
 
@@ -89,37 +90,37 @@ def test_usage_ring_against_brute_force_argmin():
     """Random accesses: the ring's least recently used words are those of smallest last access time."""
     g = torch.Generator().manual_seed(1)
     words, streams = 50, 3
-    ring = usage.new_ring(streams, words)
+    ring = usage.Ring(usage.new_ring(streams, words))
     last = torch.full((streams, words), -1)
     for t in range(200):
         accessed = [torch.randint(words, (int(torch.randint(0, 6, (1,), generator=g)),), generator=g).tolist()
                     for _ in range(streams)]
-        usage.touch(ring, accessed)
+        ring.touch(accessed)
         for b, ws in enumerate(accessed):
             last[b, ws] = t
-        for b, chosen in enumerate(usage.least_recent(ring, 3)):
+        for b, chosen in enumerate(ring.least_recent(3)):
             assert sorted(last[b, chosen].tolist()) == sorted(last[b].tolist())[:3]
             if len(set(last[b].tolist())) == words:  # no ties: the argmin itself
                 assert chosen[0] == int(last[b].argmin())
-        assert sorted(usage.order(ring, 0)) == list(range(words))  # still a ring of every word
+        assert sorted(ring.order(0)) == list(range(words))  # still a ring of every word
 
 
 def test_backward_rolls_the_memory_back_step_by_step_then_redoes_the_writes(monkeypatch):
     """Each read's backward sees the memory its forward saw (M_t, reverted from M_T write by write, not stored),
     and the backward leaves the memory as the forward did (M_T), so a carried memory survives training."""
     seen_forward, seen_backward = [], []
-    forward, backward = ReadWords.forward, ReadWords.backward
+    forward, backward = SparseRead.forward, SparseRead.backward
 
-    def recording_forward(ctx, token, weights, tape, rows):
+    def recording_forward(ctx, token, query, strength, tape, rows):
         seen_forward.append(tape.memory.clone())
-        return forward(ctx, token, weights, tape, rows)
+        return forward(ctx, token, query, strength, tape, rows)
 
     def recording_backward(ctx, *grads):
         seen_backward.append(ctx.tape.memory.clone())
         return backward(ctx, *grads)
 
-    monkeypatch.setattr(ReadWords, "forward", staticmethod(recording_forward))
-    monkeypatch.setattr(ReadWords, "backward", staticmethod(recording_backward))
+    monkeypatch.setattr(SparseRead, "forward", staticmethod(recording_forward))
+    monkeypatch.setattr(SparseRead, "backward", staticmethod(recording_backward))
     torch.manual_seed(0)
     core = MemoryCore(MemoryConfig(kind="sam", hidden=8, heads=2, word_size=4, words=16, k=2), 3, 2)
     state = core.initial_state(2, "cpu")
