@@ -10,7 +10,7 @@
 # Steps (timeouts in seconds) and groups; each line's timeouts sum to under 10 minutes, a common limit per command:
 #   env (45) tests (390; 8 processes with pytest-xdist where it is installed)
 #   throughput = throughput_gpt (90) throughput_qlstm (90) throughput_lram_gpt (210) throughput_pkm_gpt (190)
-#   bench      = bench_qlstm (150) bench_memory_bf16 (200) bench_memory_fp32 (200)
+#   bench      = bench_qlstm (150) bench_memory_bf16 (200) bench_memory_fp32 (200) bench_sam_topk (45)
 #   train      = train_gpt (100) train_qlstm (120) train_lram_gpt (100) train_pkm_gpt (100)
 # Throughput rows are appended to copies of the registries in $OUT/throughput/<project>.csv, not to projects/.
 # The memory layers, which have no published rows, also get a row derived for the paper's RTX 3090 by ratio to
@@ -53,6 +53,7 @@ kernel_tests() {  # compiling the kernels takes most of the time and runs on the
     local parallel=()
     python -c "import xdist" 2>/dev/null && parallel=(-n 8)
     env -u TRITON_INTERPRET LANGUINI_TEST_DEVICE=cuda python -m pytest tests/lram_gpt tests/pkm_gpt tests/qlstm \
+        tests/sam/test_topk.py \
         "${parallel[@]}" -q -p no:cacheprovider --durations=15 --junitxml="$OUT/tests.xml"
 }
 
@@ -90,7 +91,7 @@ train_smoke() {  # project; the checkpoint (model and Adam state) stays in $SCRA
 export -f env_report kernel_tests throughput_sweep bench_qlstm bench_memory_layers train_smoke
 
 ORDER="env tests throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt bench_qlstm
-       bench_memory_bf16 bench_memory_fp32 train_gpt train_qlstm train_lram_gpt train_pkm_gpt"
+       bench_memory_bf16 bench_memory_fp32 bench_sam_topk train_gpt train_qlstm train_lram_gpt train_pkm_gpt"
 # step: timeout in seconds, command
 declare -A STEPS=(
     [env]="45 env_report"
@@ -102,6 +103,7 @@ declare -A STEPS=(
     [bench_qlstm]="150 bench_qlstm"
     [bench_memory_bf16]="200 bench_memory_layers bf16"
     [bench_memory_fp32]="200 bench_memory_layers fp32"
+    [bench_sam_topk]="45 python projects/sam/bench_topk.py"
     [train_gpt]="100 train_smoke gpt"
     [train_qlstm]="120 train_smoke qlstm"
     [train_lram_gpt]="100 train_smoke lram_gpt"
@@ -109,7 +111,7 @@ declare -A STEPS=(
 )
 declare -A STEP_GROUPS=(
     [throughput]="throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt"
-    [bench]="bench_qlstm bench_memory_bf16 bench_memory_fp32"
+    [bench]="bench_qlstm bench_memory_bf16 bench_memory_fp32 bench_sam_topk"
     [train]="train_gpt train_qlstm train_lram_gpt train_pkm_gpt"
 )
 selected=()

@@ -3,9 +3,9 @@ one forward and backward step, and the peak memory of training over a sequence b
 
 Each (kind, N) is measured in a fresh process, so that one measurement's allocations cannot serve another's:
 
-- time: batch 8 (A.2), one step forward and backward (the state carried from the previous step, so SAM's memory
-  fills), the median of --repeats after --warmup; the initialisation (memory, ring, FAISS index, the dL/dM buffer)
-  is not timed;
+- time: batch 8 (A.2), one step forward and backward of a full memory (N random words; the state carried from
+  step to step), the median of --repeats after --warmup; the initialisation (memory, ring, FAISS index, the dL/dM
+  buffer) is not timed;
 - memory: batch 1 (A.2), --memory_steps steps (the thesis's 100) forward and backward, the peak resident memory
   of the process (Linux VmHWM, reset through /proc/self/clear_refs after a first one-step run) above its resident
   memory before: the memory that training over the sequence adds, the initialisation excluded as in Figure 3.3b.
@@ -56,6 +56,8 @@ def measure_here(kind: str, words: int, mode: str, batch: int, steps: int, repea
     torch.manual_seed(0)
     core = MemoryCore(core_config(kind, words, **overrides), INPUT, INPUT)
     state = core.initial_state(batch, "cpu")
+    if "memory" in state:  # a full memory, as after N writes: every word is searched (and indexed)
+        state["memory"] = torch.randn_like(state["memory"])
     x = torch.randn(batch, steps, INPUT)
 
     def train_step(inputs):
@@ -95,14 +97,15 @@ def measure(kind: str, words: int, mode: str, batch: int, steps: int, repeats: i
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def predicted_gib(kind: str, words: int, batch: int, steps: int, measured: dict) -> float:
-    """What a dense kind will need, from its measurement at half the words (twice as much per doubling of N; four
-    times for the DNC's N x N links), or from the sizes of its tensors when there is none."""
-    per_doubling = 4 if kind == "dnc" else 2
-    if measured:
-        return measured["gib"] * per_doubling
-    per_step = words * 32 * 4 * batch * (6 + (6 * words / 32 if kind == "dnc" else 0))
-    return per_step * max(steps, 1) / 2 ** 30
+def predicted_gib(kind: str, words: int, batch: int, steps: int, previous: tuple[int, float] | None) -> float:
+    """What a dense kind will need: its measurement at fewer words (previous: (words, GiB)) scaled by the words
+    (their square for the DNC's N x N links), or, with none, six copies of its (B, N, W) memory (and of the DNC's
+    (B, N, N) links) per step."""
+    power = 2 if kind == "dnc" else 1
+    if previous:
+        return previous[1] * (words / previous[0]) ** power
+    copies = 6 * (words * 32 + (words * words if kind == "dnc" else 0))
+    return copies * 4 * batch * max(steps, 1) / 2 ** 30
 
 
 def main(argv=None):
@@ -115,7 +118,7 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per measurement")
-    parser.add_argument("--max_gib", type=float, default=6.0, help="skip a dense kind predicted to need more")
+    parser.add_argument("--max_gib", type=float, default=8.0, help="skip a dense kind predicted to need more")
     parser.add_argument("--no_memory", action="store_true", help="time only")
     parser.add_argument("--csv", default="sam_cost.csv")
     parser.add_argument("--plot", default="sam_cost.png")
@@ -135,8 +138,7 @@ def main(argv=None):
         for mode, batch, steps in (("time", args.batch, 1), ("memory", 1, args.memory_steps)):
             if mode == "memory" and args.no_memory:
                 continue
-            key = (kind, mode)
-            need = predicted_gib(kind, words, batch, steps, previous.get(key))
+            need = predicted_gib(kind, words, batch, steps, previous.get((kind, mode)))
             if dense and need > args.max_gib:
                 row["note"] += f"{mode} skipped (predicted {need:.1f} GiB); "
                 continue
@@ -146,7 +148,7 @@ def main(argv=None):
                 row["ms_per_step"] = 1000 * sorted(result["seconds"])[len(result["seconds"]) // 2]
             else:
                 row["peak_mib"] = result["peak_mib"]
-                previous[key] = {"gib": max(result["peak_mib"] / 1024, 1e-3)}
+                previous[(kind, mode)] = (words, max(result["peak_mib"] / 1024, 1e-3))
         rows.append(row)
         tqdm.write(f"{kind:10s} N=2^{int(math.log2(words)):<3d} {fmt(row['ms_per_step'], '.2f')} ms/step  "
                    f"{fmt(row['peak_mib'], '.1f')} MiB  {row['note']}")

@@ -89,12 +89,12 @@ class Tape:
         return self._grad
 
     def finish_backward(self) -> None:
-        """After the first write's revert: redo every write (the memory becomes M_T again), clean dL/dM."""
+        """After the first write's revert: redo every write (the memory becomes M_T again), clean dL/dM. The
+        record stays with the graph, so a second backward through it (retain_graph) works the same way."""
         for rows, new in self.writes:
             self.memory.index_copy_(0, rows, new)
         if self.touched:
             self.grad.index_fill_(0, torch.cat(self.touched), 0.0)
-        self.writes, self.touched = [], []
 
 
 class SparseWrite(torch.autograd.Function):

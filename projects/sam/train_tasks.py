@@ -52,8 +52,9 @@ def train(task: str, kind: str, cpu_seconds: float, seed: int = 0, batch: int = 
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
         batches, sequences = batches + 1, sequences + batch
-        recent = (recent + [float(cost)])[-log_every:]
-        schedule.record(float(cost))
+        cost = float(cost.detach())
+        recent = (recent + [cost])[-log_every:]
+        schedule.record(cost)
         if batches % log_every == 0:
             curve.append([round(time.process_time() - start, 2), sequences, schedule.h, sum(recent) / len(recent)])
     return {"task": task, "kind": kind, "cpu_seconds": round(time.process_time() - start, 1), "sequences": sequences,

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from projects.sam import usage
+from projects.sam import links, usage
 from projects.sam.configs import MemoryConfig
 from projects.sam.core import MemoryCore
 from projects.sam.memory import SparseRead, Tape
@@ -166,3 +166,32 @@ def test_training_twice_from_the_same_memory_gives_the_same_gradients(kind):
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert torch.equal(state["memory"], copy["memory"])
+
+
+@pytest.mark.parametrize("kind", ["sam", "sdnc"])
+def test_gradients_match_finite_differences(kind, monkeypatch):
+    """The hand-written backwards (write, content weights, read) and the rollback, for SAM and the Sparse DNC
+    (whose read mixes in the links' weights), against central differences of the whole multi-step forward.
+    No gradient flows through the Sparse DNC's links (the thesis's choice), so here they are fixed: random links
+    that the steps follow but do not update."""
+    b, h, w, n, steps = 1, 2, 3, 10, 3
+    core = MemoryCore(MemoryConfig(kind=kind, hidden=4, heads=h, word_size=w, words=n, k=2, k_links=3), 3, 3)
+    g = torch.Generator().manual_seed(3)
+    memory = torch.randn(b, n, w, generator=g, dtype=torch.float64)
+    interfaces = torch.randn(steps, b, h * core.per_head, generator=g, dtype=torch.float64, requires_grad=True)
+    fixed_links = links.empty_links(b, n, 3)
+    for _ in range(12):
+        links.update_links(fixed_links, torch.randint(n, (b, 3), generator=g), torch.rand(b, 3, generator=g) / 3)
+    monkeypatch.setattr(links, "update_links", lambda *args: None)
+
+    def run(itf):
+        state = {k: v.double() if v.is_floating_point() else v for k, v in core.initial_state(b, "cpu").items()}
+        state["memory"] = memory.clone()
+        if kind == "sdnc":
+            state.update({k: v.double() if v.is_floating_point() else v.clone() for k, v in fixed_links.items()})
+        context = {"tape": Tape(state["memory"], core.gradient_buffers, torch.is_grad_enabled()), "faiss": None,
+                   "ring": usage.Ring(state["ring"]), "offsets": (torch.arange(b) * n).view(b, 1, 1)}
+        reads = [core._sparse_step(itf[t], state, context) for t in range(steps)]
+        return torch.stack(reads) + context["tape"].token
+
+    assert torch.autograd.gradcheck(run, (interfaces,), eps=1e-6, atol=1e-6, rtol=1e-5)

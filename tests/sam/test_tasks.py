@@ -65,3 +65,15 @@ def test_curriculum_doubles_below_the_threshold():
         for _ in range(3):
             curriculum.record(0.0)
     assert curriculum.h == 20  # 4 -> 8 -> 16 -> 20, the top of the range
+
+
+def test_training_script_records_curves_and_evaluates(tmp_path, capsys):
+    from projects.sam import train_tasks
+
+    result = train_tasks.train("recall", "sam", cpu_seconds=60, max_batches=4, log_every=2, eval_batches=1,
+                               words=16, hidden=16, heads=1)
+    assert len(result["curve"]) == 2 and result["sequences"] == 32
+    assert result["eval_cost"] > 0 and 0 <= result["eval_errors"] <= 8
+    train_tasks.main(["--task", "copy", "--models", "lstm", "--cpu_seconds", "0.5", "--log_every", "1",
+                      "--eval_batches", "1", "--out", str(tmp_path / "c.json"), "--plot", str(tmp_path / "c.png")])
+    assert "cost/seq" in capsys.readouterr().out and (tmp_path / "c.png").exists()
