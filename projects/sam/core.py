@@ -108,6 +108,8 @@ class MemoryCore(nn.Module):
         self.output = nn.Linear(cfg.hidden + self.read_size, output_size)
         self.gradient_buffers = GradientBuffers()
         self.faiss_indexes = {}  # index id -> FaissIndex, for the states this core has seen
+        self.age_bounds = None  # read statistics (sparse kinds, evaluation): the bounds of the age buckets
+        self.read_weight_by_age = None  # summed read weights per bucket (the last: words never written)
 
     # ------------------------------------------------------------------ state
 
@@ -124,6 +126,9 @@ class MemoryCore(nn.Module):
             state["read_words"] = torch.arange(K, device=device).expand(batch, H, K).clone()
             state["read_weights"] = torch.zeros(batch, H, K, device=device)
             state["ring"] = usage.new_ring(batch, N)
+            # for the read statistics: the step count of each stream, and the step each word was last written
+            state["clock"] = torch.zeros(batch, dtype=torch.int64, device=device)
+            state["written_at"] = torch.full((batch, N), -1, dtype=torch.int64, device=device)
             if self.kind == "sdnc":
                 state.update(links.empty_links(batch, N, cfg.k_links, device))
             if cfg.index == "faiss":
@@ -226,8 +231,25 @@ class MemoryCore(nn.Module):
         accessed = [w + r for w, r in zip(usage.accessed_words(written, coeffs, cfg.delta),
                                           usage.accessed_words(read_words, read_weights, cfg.delta))]
         ring.touch(accessed)
+        clock = state["clock"][:, None]
+        state["written_at"].scatter_reduce_(1, written.flatten(1), torch.where(coeffs.flatten(1) > cfg.delta, clock, -1),
+                                            reduce="amax")
+        if self.read_weight_by_age is not None and not self.training:
+            self.record_read_ages(read_words, read_weights, state)
+        state["clock"] += 1
         state["read_words"], state["read_weights"] = read_words, read_weights
         return read.flatten(1)
+
+    @torch.no_grad()
+    def record_read_ages(self, read_words, read_weights, state) -> None:
+        """Add the step's read weights to the buckets of the age of the words read: steps since their last write
+        (with a weight above delta), bucketed by age_bounds; never-written words in the last bucket."""
+        written_at = state["written_at"].gather(1, read_words.flatten(1)).view_as(read_words)
+        age = state["clock"].view(-1, 1, 1) - written_at
+        bucket = torch.bucketize(age, self.age_bounds.to(age.device), right=True)
+        bucket = torch.where(written_at < 0, len(self.age_bounds) + 1, bucket)
+        self.read_weight_by_age = self.read_weight_by_age.to(read_weights.device)
+        self.read_weight_by_age.index_add_(0, bucket.flatten(), read_weights.flatten().double())
 
     def _dense_step(self, interface, state, context):
         cfg = self.cfg

@@ -9,6 +9,8 @@ O(seq_len x N).
 """
 import math
 
+import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from projects.sam.configs import ModelConfig
@@ -33,6 +35,33 @@ class Model(nn.Module):
         Returns logits (B, T, vocab) and the next state (a dict of tensors; core.MemoryCore)."""
         y, state = self.core(self.tok_emb(x), state)
         return self.head(self.ln_f(y)), state
+
+    def age_buckets(self) -> list[str]:
+        """Names of the read-age buckets: within one segment, up to 8 segments back, older, never written."""
+        T = self.cfg.seq_len
+        return [f"0-{T - 1} steps", f"{T}-{8 * T - 1} steps", f">= {8 * T} steps", "never written"]
+
+    def reset_memory_stats(self) -> None:
+        """Start recording how old the words are that evaluation forwards read (SAM and the Sparse DNC)."""
+        if self.cfg.kind in SPARSE:
+            T = self.cfg.seq_len
+            self.core.age_bounds = torch.tensor([0, T, 8 * T])
+            self.core.read_weight_by_age = torch.zeros(len(self.age_buckets()) + 1, dtype=torch.float64)
+
+    def memory_stats(self) -> dict:
+        """The share of the read weight on words last written 0 to seq_len - 1 steps before (within a segment's
+        reach of backpropagation), up to 8 segments before, longer ago, or never, since reset_memory_stats; over
+        all processes when distributed (every process calls it)."""
+        if self.cfg.kind not in SPARSE:
+            return {}
+        if self.core.read_weight_by_age is None:
+            raise ValueError("memory_stats() needs reset_memory_stats() and a forward pass first.")
+        totals = self.core.read_weight_by_age.to(self.head.weight.device, copy=True)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(totals)
+        totals = totals.cpu()[1:]  # bucket 0 would be a negative age
+        shares = (totals / totals.sum()).tolist() if totals.sum() > 0 else [0.0] * len(totals)
+        return {"read_weight_by_age": dict(zip(self.age_buckets(), shares)), "reads": float(totals.sum())}
 
     def extra_flops(self, seq_len: int) -> int:
         """Forward FLOPs per sequence at batch 1 of the memory access, which the profiler does not see (index

@@ -40,3 +40,19 @@ def test_the_memory_fills_with_the_writes_of_the_stream():
         assert (written >= 2).all() and (written <= 2 * 10 + 2 * 4).all()
         _, state = model(torch.randint(2048, (2, 40)), state)
         assert ((state["memory"].abs().sum(-1) > 0).sum(-1) == 64).all()  # full after 50 steps of 2 heads
+
+
+def test_read_statistics_bucket_the_age_of_the_words_read():
+    """A memory of 64 words written by 2 heads at every step is overwritten every 32 steps, so with segments of
+    8 steps no read can reach a word 64 or more steps old, and the shares add up to 1."""
+    model = small_model(seq_len=8).eval()
+    model.reset_memory_stats()
+    state = None
+    with torch.no_grad():
+        for _ in range(12):
+            _, state = model(torch.randint(2048, (2, 8)), state)
+    stats = model.memory_stats()
+    shares = stats["read_weight_by_age"]
+    assert list(shares) == ["0-7 steps", "8-63 steps", ">= 64 steps", "never written"]
+    assert abs(sum(shares.values()) - 1) < 1e-9 and shares[">= 64 steps"] == 0.0 and shares["0-7 steps"] > 0
+    assert abs(stats["reads"] - 12 * 8 * 2 * 2) < 1e-6  # steps x streams x heads, each head's weights sum to 1
