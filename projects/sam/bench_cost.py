@@ -16,6 +16,7 @@ predicted need (from the measurement at N / 2) exceeds --max_gib. Prints a table
 
     python projects/sam/bench_cost.py                                  # N = 2^10 .. 2^20, all kinds (minutes)
     python projects/sam/bench_cost.py --words 10 12 --kinds sam dam --repeats 3   # a quick look
+    python projects/sam/bench_cost.py --from_csv sparse.csv dense.csv --plot cost.png  # two runs in one table
 """
 import argparse
 import csv
@@ -122,11 +123,18 @@ def main(argv=None):
     parser.add_argument("--no_memory", action="store_true", help="time only")
     parser.add_argument("--csv", default="sam_cost.csv")
     parser.add_argument("--plot", default="sam_cost.png")
+    parser.add_argument("--from_csv", nargs="+", help="print and plot the rows of earlier runs' CSVs, measure nothing")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         spec = json.loads(args.child)
         print(json.dumps(measure_here(**spec)))
+        return 0
+    if args.from_csv:
+        rows = [row for path in args.from_csv for row in read_csv(path)]
+        print_table(rows)
+        plot(rows, args.plot)
+        print(f"wrote {args.plot}")
         return 0
     from tqdm import tqdm
 
@@ -160,6 +168,13 @@ def main(argv=None):
     plot(rows, args.plot)
     print(f"wrote {args.csv} and {args.plot}")
     return 0
+
+
+def read_csv(path) -> list[dict]:
+    with open(path) as file:
+        return [{"kind": r["kind"], "words": int(r["words"]), "note": r["note"],
+                 **{k: float(r[k]) if r[k] else None for k in ("ms_per_step", "peak_mib")}}
+                for r in csv.DictReader(file)]
 
 
 def fmt(value, spec):

@@ -24,3 +24,7 @@ def test_the_script_prints_a_table(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "ms per forward + backward step" in out and "2^6" in out
     assert (tmp_path / "cost.png").exists() and "sam,64," in (tmp_path / "cost.csv").read_text()
+    rows = bench_cost.read_csv(tmp_path / "cost.csv")
+    assert rows[0]["kind"] == "sam" and rows[0]["words"] == 64 and rows[0]["ms_per_step"] > 0
+    bench_cost.main(["--from_csv", str(tmp_path / "cost.csv"), "--plot", str(tmp_path / "again.png")])
+    assert (tmp_path / "again.png").exists()
