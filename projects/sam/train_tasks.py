@@ -25,16 +25,24 @@ from projects.sam.configs import MemoryConfig
 from projects.sam.core import KINDS, MemoryCore
 
 
+OPTIMIZERS = ("rmsprop", "adam")
+
+
 def train(task: str, kind: str, cpu_seconds: float, seed: int = 0, batch: int = 8, lr: float = 1e-3,
-          curriculum: bool = False, threshold: float | None = None, log_every: int = 25, eval_batches: int = 20,
-          bits: int = 8, clip: float = 10.0, max_batches: int | None = None, **memory) -> dict:
-    """Train one model; returns its curve ([cpu seconds, sequences, level bound, cost per sequence]) and the
-    final evaluation."""
+          optimizer: str = "rmsprop", curriculum: bool = False, threshold: float | None = None, log_every: int = 25,
+          eval_batches: int = 20, bits: int = 8, clip: float = 10.0, max_batches: int | None = None,
+          wall_seconds: float | None = None, say=None, **memory) -> dict:
+    """Train one model for cpu_seconds of CPU time (or max_batches, or wall_seconds of wall time, whichever ends
+    first); returns its curve ([cpu seconds, sequences, level bound, cost per sequence]) and the final
+    evaluation. say(text): where the curve's points go as they come."""
     torch.manual_seed(seed)
     task_spec = tasks.spec(task, bits)
     cfg = replace(MemoryConfig(), kind=kind, **memory)
     model = MemoryCore(cfg, task_spec.inputs, task_spec.outputs)
-    optimizer = torch.optim.RMSprop(model.parameters(), lr=lr, momentum=0.9, eps=1e-6)
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {optimizer!r}")
+    optimizer = (torch.optim.RMSprop(model.parameters(), lr=lr, momentum=0.9, eps=1e-6) if optimizer == "rmsprop"
+                 else torch.optim.Adam(model.parameters(), lr=lr))
     generator = torch.Generator().manual_seed(seed + 1)
     low, high = task_spec.levels
     # the curriculum's threshold: a cost per sequence of about a quarter of a bit per scored vector of the easiest
@@ -42,8 +50,9 @@ def train(task: str, kind: str, cpu_seconds: float, seed: int = 0, batch: int = 
     schedule = tasks.Curriculum(low, high, threshold or 0.25 * bits * (low if task == "copy" else 1),
                                 enabled=curriculum, start=low)
     curve, recent, sequences, batches = [], [], 0, 0
-    start = time.process_time()
-    while time.process_time() - start < cpu_seconds and (max_batches is None or batches < max_batches):
+    start, wall_start = time.process_time(), time.perf_counter()
+    while (time.process_time() - start < cpu_seconds and (max_batches is None or batches < max_batches)
+           and (wall_seconds is None or time.perf_counter() - wall_start < wall_seconds)):
         x, y, mask = tasks.episode(task, batch, schedule.level(generator), generator, bits)
         logits, _ = model(x)
         cost = tasks.cost_per_sequence(logits, y, mask)
@@ -57,7 +66,11 @@ def train(task: str, kind: str, cpu_seconds: float, seed: int = 0, batch: int = 
         schedule.record(cost)
         if batches % log_every == 0:
             curve.append([round(time.process_time() - start, 2), sequences, schedule.h, sum(recent) / len(recent)])
-    return {"task": task, "kind": kind, "cpu_seconds": round(time.process_time() - start, 1), "sequences": sequences,
+            if say:
+                say(f"  {curve[-1][0]:7.1f} cpu s  {sequences:7d} sequences  level <= {schedule.h:3d}  "
+                    f"cost/sequence {curve[-1][3]:8.3f} bits")
+    return {"task": task, "kind": kind, "optimizer": type(optimizer).__name__, "lr": lr, "curriculum": curriculum,
+            "cpu_seconds": round(time.process_time() - start, 1), "sequences": sequences,
             "level": schedule.h, "curve": curve, **evaluate(model, task, batch, eval_batches, seed + 2, bits)}
 
 
@@ -83,34 +96,44 @@ def main(argv=None):
     parser.add_argument("--cpu_seconds", type=float, default=120.0, help="CPU time of each model")
     parser.add_argument("--words", type=int, default=128, help="memory words N of every model")
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="rmsprop")
+    parser.add_argument("--wall_seconds", type=float, default=None, help="also stop each model after this wall time")
     parser.add_argument("--curriculum", type=lambda v: v.lower() in ("1", "true", "yes"), default=False)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log_every", type=int, default=25, help="minibatches between points of the curve")
     parser.add_argument("--eval_batches", type=int, default=20)
     parser.add_argument("--out", default=None, help="JSON of the curves (default sam_<task>.json)")
     parser.add_argument("--plot", default=None, help="plot of the curves (default sam_<task>.png)")
+    parser.add_argument("--from_json", nargs="+", help="print and plot the results of earlier runs, train nothing")
     args = parser.parse_args(argv)
+    if args.from_json:
+        results = [r for path in args.from_json for r in json.load(open(path))["results"] if r["task"] == args.task]
+        report(results, args.task)
+        plot(results, args.plot or f"sam_{args.task}.png", args.task)
+        return 0
     torch.set_num_threads(1)
     results = []
     for kind in args.models:
         print(f"training {kind} on {args.task} for {args.cpu_seconds:.0f} CPU seconds...", flush=True)
-        result = train(args.task, kind, args.cpu_seconds, seed=args.seed, lr=args.lr, curriculum=args.curriculum,
-                       log_every=args.log_every, eval_batches=args.eval_batches, words=args.words)
-        for seconds, sequences, level, cost in result["curve"][::max(1, len(result["curve"]) // 8)]:
-            print(f"  {seconds:7.1f} cpu s  {sequences:7d} sequences  level <= {level:3d}  "
-                  f"cost/sequence {cost:8.3f} bits")
+        result = train(args.task, kind, args.cpu_seconds, seed=args.seed, lr=args.lr, optimizer=args.optimizer,
+                       curriculum=args.curriculum, log_every=args.log_every, eval_batches=args.eval_batches,
+                       wall_seconds=args.wall_seconds, say=lambda text: print(text, flush=True), words=args.words)
         results.append(result)
-    print(f"\n{args.task}: after {args.cpu_seconds:.0f} CPU seconds each (one thread), evaluated over the task's "
-          "whole range")
-    print(f"{'model':8s}{'sequences':>12s}{'level':>7s}{'cost/seq (bits)':>17s}{'bit errors/seq':>16s}")
-    for r in results:
-        print(f"{r['kind']:8s}{r['sequences']:12d}{r['level']:7d}{r['eval_cost']:17.3f}{r['eval_errors']:16.3f}")
+    report(results, args.task)
     out = args.out or f"sam_{args.task}.json"
     with open(out, "w") as file:
         json.dump({"args": vars(args), "results": results}, file, indent=1)
     plot(results, args.plot or f"sam_{args.task}.png", args.task)
     print(f"wrote {out} and {args.plot or f'sam_{args.task}.png'}")
     return 0
+
+
+def report(results, task):
+    print(f"\n{task}: evaluated over the task's whole range after training for the CPU seconds given (one thread)")
+    print(f"{'model':8s}{'cpu s':>8s}{'sequences':>11s}{'level':>7s}{'cost/seq (bits)':>17s}{'bit errors/seq':>16s}")
+    for r in results:
+        print(f"{r['kind']:8s}{r['cpu_seconds']:8.0f}{r['sequences']:11d}{r['level']:7d}{r['eval_cost']:17.3f}"
+              f"{r['eval_errors']:16.3f}")
 
 
 def plot(results, path, task):

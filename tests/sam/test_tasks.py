@@ -77,3 +77,5 @@ def test_training_script_records_curves_and_evaluates(tmp_path, capsys):
     train_tasks.main(["--task", "copy", "--models", "lstm", "--cpu_seconds", "0.5", "--log_every", "1",
                       "--eval_batches", "1", "--out", str(tmp_path / "c.json"), "--plot", str(tmp_path / "c.png")])
     assert "cost/seq" in capsys.readouterr().out and (tmp_path / "c.png").exists()
+    train_tasks.main(["--task", "copy", "--from_json", str(tmp_path / "c.json"), "--plot", str(tmp_path / "d.png")])
+    assert "bit errors/seq" in capsys.readouterr().out and (tmp_path / "d.png").exists()
