@@ -11,11 +11,11 @@ EMPTY = -2.0  # the similarity of an all-zero word: below any cosine (>= -1)
 
 def cosine_similarity(query: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
     """(B, H, N) cosine similarity of each of the H queries (B, H, W) with every word of memory (B, N, W); EMPTY
-    for all-zero words. The query's norm does not change the order, so it is only normalised."""
+    for all-zero words. No gradient (in place, so that a step holds one (B, H, N) array, not four)."""
     q = query / query.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-    norms = memory.norm(dim=-1)  # (B, N)
-    dots = torch.einsum("bhw,bnw->bhn", q, memory)
-    return torch.where(norms[:, None, :] > 0, dots / norms.clamp_min(1e-30)[:, None, :], torch.full_like(dots, EMPTY))
+    norms = memory.norm(dim=-1)[:, None, :]  # (B, 1, N)
+    scores = torch.einsum("bhw,bnw->bhn", q, memory)
+    return scores.div_(norms.clamp_min(1e-30)).masked_fill_(norms == 0, EMPTY)
 
 
 def cosine_topk_naive(query: torch.Tensor, memory: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
