@@ -11,7 +11,7 @@
 #   env (45) tests (390; 8 processes with pytest-xdist where it is installed)
 #   switch_gpt (420: its kernel tests on CUDA, a small teacher distilled into a GPT, Switch attention in fp32)
 #   throughput = throughput_gpt (90) throughput_qlstm (90) throughput_lram_gpt (210) throughput_pkm_gpt (190)
-#   bench      = bench_qlstm (150) bench_memory_bf16 (200) bench_memory_fp32 (200)
+#   bench      = bench_qlstm (150) bench_memory_bf16 (200) bench_memory_fp32 (200) bench_sam_topk (45)
 #   bench_pkm_torch_search (120): PKM with its old search (torch.topk), to set beside bench_memory_bf16's PKM
 #   train      = train_gpt (100) train_qlstm (120) train_lram_gpt (100) train_pkm_gpt (100)
 #   feedback   = tests_feedback (200) bench_feedback (300)         (the Feedback Transformer: kernel, CUDA graphs,
@@ -59,6 +59,7 @@ kernel_tests() {  # compiling the kernels takes most of the time and runs on the
     local parallel=()
     python -c "import xdist" 2>/dev/null && parallel=(-n 8)
     env -u TRITON_INTERPRET LANGUINI_TEST_DEVICE=cuda python -m pytest tests/lram_gpt tests/pkm_gpt tests/qlstm \
+        tests/sam/test_topk.py \
         "${parallel[@]}" -q -p no:cacheprovider --durations=15 --junitxml="$OUT/tests.xml"
 }
 
@@ -168,8 +169,8 @@ export -f env_report kernel_tests throughput_sweep bench_qlstm bench_memory_laye
     feedback_tests bench_feedback switch_gpt_check several_gpus
 
 ORDER="env tests switch_gpt throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt bench_qlstm
-       bench_memory_bf16 bench_memory_fp32 bench_pkm_torch_search train_gpt train_qlstm train_lram_gpt train_pkm_gpt
-       train_lram_gpt_options train_pkm_gpt_options several_gpus"
+       bench_memory_bf16 bench_memory_fp32 bench_pkm_torch_search bench_sam_topk
+       train_gpt train_qlstm train_lram_gpt train_pkm_gpt train_lram_gpt_options train_pkm_gpt_options several_gpus"
 # step: timeout in seconds, command
 declare -A STEPS=(
     [env]="45 env_report"
@@ -183,6 +184,7 @@ declare -A STEPS=(
     [bench_memory_bf16]="200 bench_memory_layers bf16"
     [bench_memory_fp32]="200 bench_memory_layers fp32"
     [bench_pkm_torch_search]="120 bench_pkm_torch_search"
+    [bench_sam_topk]="45 python projects/sam/bench_topk.py"
     [train_gpt]="100 train_smoke gpt"
     [train_qlstm]="120 train_smoke qlstm"
     [train_lram_gpt]="100 train_smoke lram_gpt"
@@ -197,7 +199,7 @@ declare -A STEPS=(
 )
 declare -A STEP_GROUPS=(
     [throughput]="throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt"
-    [bench]="bench_qlstm bench_memory_bf16 bench_memory_fp32"
+    [bench]="bench_qlstm bench_memory_bf16 bench_memory_fp32 bench_sam_topk"
     [train]="train_gpt train_qlstm train_lram_gpt train_pkm_gpt"
     [feedback]="tests_feedback bench_feedback"
     [feedback_train]="throughput_feedback train_feedback"

@@ -1,0 +1,197 @@
+"""SAM's sparse in-place memory (memory.py, core.py) against independent computations:
+
+- a dense float64 computation of the same steps, an ordinary autograd graph over out-of-place memories with the
+  read restricted to the K nearest words it finds itself: reads and every gradient;
+- the least recently used words the ring chooses, against the last access times kept by brute force;
+- the memory during the backward, against copies taken during the forward (the rollback of 3.2.6), and after
+  it, against the forward's final memory (the writes are redone).
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from projects.sam import links, usage
+from projects.sam.configs import MemoryConfig
+from projects.sam.core import MemoryCore
+from projects.sam.memory import SparseRead, Tape
+
+B, H, N, W, K, STEPS = 2, 2, 12, 5, 3, 9
+
+
+def interface_split(itf):
+    """The controller's interface, as the thesis names it: (q, beta, w, alpha, gamma) per head."""
+    parts = itf.view(B, H, 2 * W + 3)
+    return (parts[..., :W], 1 + F.softplus(parts[..., 2 * W]), parts[..., W:2 * W],
+            torch.sigmoid(parts[..., 2 * W + 1]), torch.sigmoid(parts[..., 2 * W + 2]))
+
+
+def dense_reference(interfaces, memory, erased):
+    """Eq. 3.1-3.3 with dense (B, H, N) weights and out-of-place memories, the read restricted to the K words of
+    largest cosine, the erased words given (each step's choice of the ring, checked separately)."""
+    read_weights = torch.zeros(B, H, N, dtype=torch.float64)
+    reads, accesses = [], []
+    for itf, lru in zip(interfaces, erased):
+        q, beta, word, alpha, gamma = interface_split(itf)
+        chosen = F.one_hot(torch.tensor(lru), N).double()  # (B, H, N)
+        write = alpha[..., None] * (gamma[..., None] * read_weights + (1 - gamma[..., None]) * chosen)
+        memory = memory * (1 - chosen.sum(1).clamp(max=1))[..., None] + torch.einsum("bhn,bhw->bnw", write, word)
+        norms = memory.norm(dim=-1)
+        cosine = torch.einsum("bhw,bnw->bhn", q / q.norm(dim=-1, keepdim=True), memory) / norms.clamp_min(1e-300)[:, None]
+        cosine = torch.where(norms[:, None] > 0, cosine, torch.full_like(cosine, -2.0))
+        nearest = cosine.topk(K, dim=-1).indices
+        logits = torch.full_like(cosine, float("-inf")).scatter(-1, nearest, (beta[..., None] * cosine).gather(-1, nearest))
+        read_weights = torch.softmax(logits, -1)
+        reads.append(torch.einsum("bhn,bnw->bhw", read_weights, memory).flatten(1))
+        accesses.append((write.detach(), read_weights.detach()))
+    return torch.stack(reads), accesses
+
+
+def sparse_run(core, interfaces, memory):
+    """The core's sparse steps (core.py) on the given interfaces; returns reads, the erased words of each step."""
+    state = core.initial_state(B, "cpu")
+    state["memory"], state["read_weights"] = memory.clone(), state["read_weights"].double()
+    context = {"tape": Tape(state["memory"], core.gradient_buffers, True), "faiss": None,
+               "ring": usage.Ring(state["ring"]), "offsets": (torch.arange(B) * N).view(B, 1, 1)}
+    reads, erased = [], []
+    for itf in interfaces:
+        erased.append(context["ring"].least_recent(H))  # what the step will erase
+        reads.append(core._sparse_step(itf, state, context))
+    return torch.stack(reads) + context["tape"].token, erased, state
+
+
+def test_sparse_steps_match_a_dense_computation_restricted_to_k_in_float64():
+    core = MemoryCore(MemoryConfig(kind="sam", hidden=4, heads=H, word_size=W, words=N, k=K), 3, 3)
+    g = torch.Generator().manual_seed(0)
+    memory = torch.randn(B, N, W, generator=g, dtype=torch.float64)
+    memory[:, 4] = 0.0  # a never-written word (scores EMPTY, passes no gradient)
+    interfaces = [torch.randn(B, H * (2 * W + 3), generator=g, dtype=torch.float64, requires_grad=True)
+                  for _ in range(STEPS)]
+    probe = torch.randn(STEPS, B, H * W, generator=g, dtype=torch.float64)
+    reads, erased, state = sparse_run(core, interfaces, memory)
+    grads = torch.autograd.grad((reads * probe).sum(), interfaces)
+    want_reads, accesses = dense_reference(interfaces, memory, erased)
+    want_grads = torch.autograd.grad((want_reads * probe).sum(), interfaces)
+    torch.testing.assert_close(reads, want_reads, rtol=0, atol=1e-12)
+    for got, want in zip(grads, want_grads):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+    assert all(g.abs().max() > 1e-3 for g in grads[:-1])  # every step's interface gets a gradient
+    # the ring's choices were least recently used words: brute-force last access times, from the dense weights
+    last = torch.full((B, N), -1)
+    for t, (write, read) in enumerate(accesses):
+        for b in range(B):
+            times = sorted(last[b].tolist())
+            assert sorted(last[b, erased[t][b]].tolist()) == times[:H]  # the H smallest, whatever the ties
+            touched = ((write[b] > core.cfg.delta) | (read[b] > core.cfg.delta)).any(0)
+            last[b, touched] = t
+    assert len({w for step in erased for w in step[0]}) > H  # several different words were erased
+
+
+def test_usage_ring_against_brute_force_argmin():
+    """Random accesses: the ring's least recently used words are those of smallest last access time."""
+    g = torch.Generator().manual_seed(1)
+    words, streams = 50, 3
+    ring = usage.Ring(usage.new_ring(streams, words))
+    last = torch.full((streams, words), -1)
+    for t in range(200):
+        accessed = [torch.randint(words, (int(torch.randint(0, 6, (1,), generator=g)),), generator=g).tolist()
+                    for _ in range(streams)]
+        ring.touch(accessed)
+        for b, ws in enumerate(accessed):
+            last[b, ws] = t
+        for b, chosen in enumerate(ring.least_recent(3)):
+            assert sorted(last[b, chosen].tolist()) == sorted(last[b].tolist())[:3]
+            if len(set(last[b].tolist())) == words:  # no ties: the argmin itself
+                assert chosen[0] == int(last[b].argmin())
+        assert sorted(ring.order(0)) == list(range(words))  # still a ring of every word
+
+
+def test_backward_rolls_the_memory_back_step_by_step_then_redoes_the_writes(monkeypatch):
+    """Each read's backward sees the memory its forward saw (M_t, reverted from M_T write by write, not stored),
+    and the backward leaves the memory as the forward did (M_T), so a carried memory survives training."""
+    seen_forward, seen_backward = [], []
+    forward, backward = SparseRead.forward, SparseRead.backward
+
+    def recording_forward(ctx, token, query, strength, tape, rows):
+        seen_forward.append(tape.memory.clone())
+        return forward(ctx, token, query, strength, tape, rows)
+
+    def recording_backward(ctx, *grads):
+        seen_backward.append(ctx.tape.memory.clone())
+        return backward(ctx, *grads)
+
+    monkeypatch.setattr(SparseRead, "forward", staticmethod(recording_forward))
+    monkeypatch.setattr(SparseRead, "backward", staticmethod(recording_backward))
+    torch.manual_seed(0)
+    core = MemoryCore(MemoryConfig(kind="sam", hidden=8, heads=2, word_size=4, words=16, k=2), 3, 2)
+    state = core.initial_state(2, "cpu")
+    _, state = core(torch.randn(2, 6, 3), state)  # a memory carried from an earlier segment
+    start = state["memory"].clone()
+    y, state = core(torch.randn(2, 7, 3), state)
+    final = state["memory"].clone()
+    seen_forward.clear()
+    y.square().sum().backward()
+    assert not torch.equal(final, start)
+    assert len(seen_backward) == 7 and len(seen_forward) == 0
+    torch.manual_seed(0)  # the same segment again, recording the forward's memories
+    core2 = MemoryCore(MemoryConfig(kind="sam", hidden=8, heads=2, word_size=4, words=16, k=2), 3, 2)
+    state2 = core2.initial_state(2, "cpu")
+    _, state2 = core2(torch.randn(2, 6, 3), state2)
+    seen_forward.clear()
+    core2(torch.randn(2, 7, 3), state2)
+    assert len(seen_forward) == 7
+    for t, memory in enumerate(seen_forward):  # backward of step t saw M_t
+        assert torch.equal(seen_backward[6 - t], memory)
+    assert torch.equal(state["memory"], final)  # the writes were redone
+    assert torch.equal(state2["memory"], final)
+    buffer = next(iter(core.gradient_buffers.buffers.values()))
+    assert not buffer.any()  # dL/dM is clean for the next backward
+
+
+@pytest.mark.parametrize("kind", ["sam", "sdnc"])
+def test_training_twice_from_the_same_memory_gives_the_same_gradients(kind):
+    """The memory after a forward and backward is the forward's (redo), so a second forward over a copy of the
+    state before it computes the same gradients: nothing of one backward leaks into the next."""
+    torch.manual_seed(0)
+    core = MemoryCore(MemoryConfig(kind=kind, hidden=8, heads=2, word_size=4, words=32, k=2), 3, 2)
+    x = torch.randn(2, 9, 3)
+    _, state = core(torch.randn(2, 5, 3))
+    state = {k: v.detach() for k, v in state.items()}
+    copy = {k: v.clone() for k, v in state.items()}
+    grads = []
+    for s in (state, copy):
+        core.zero_grad()
+        y, _ = core(x, s)
+        y.square().sum().backward()
+        grads.append([p.grad.clone() for p in core.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert torch.equal(state["memory"], copy["memory"])
+
+
+@pytest.mark.parametrize("kind", ["sam", "sdnc"])
+def test_gradients_match_finite_differences(kind, monkeypatch):
+    """The hand-written backwards (write, content weights, read) and the rollback, for SAM and the Sparse DNC
+    (whose read mixes in the links' weights), against central differences of the whole multi-step forward.
+    No gradient flows through the Sparse DNC's links (the thesis's choice), so here they are fixed: random links
+    that the steps follow but do not update."""
+    b, h, w, n, steps = 1, 2, 3, 10, 3
+    core = MemoryCore(MemoryConfig(kind=kind, hidden=4, heads=h, word_size=w, words=n, k=2, k_links=3), 3, 3)
+    g = torch.Generator().manual_seed(3)
+    memory = torch.randn(b, n, w, generator=g, dtype=torch.float64)
+    interfaces = torch.randn(steps, b, h * core.per_head, generator=g, dtype=torch.float64, requires_grad=True)
+    fixed_links = links.empty_links(b, n, 3)
+    for _ in range(12):
+        links.update_links(fixed_links, torch.randint(n, (b, 3), generator=g), torch.rand(b, 3, generator=g) / 3)
+    monkeypatch.setattr(links, "update_links", lambda *args: None)
+
+    def run(itf):
+        state = {k: v.double() if v.is_floating_point() else v for k, v in core.initial_state(b, "cpu").items()}
+        state["memory"] = memory.clone()
+        if kind == "sdnc":
+            state.update({k: v.double() if v.is_floating_point() else v.clone() for k, v in fixed_links.items()})
+        context = {"tape": Tape(state["memory"], core.gradient_buffers, torch.is_grad_enabled()), "faiss": None,
+                   "ring": usage.Ring(state["ring"]), "offsets": (torch.arange(b) * n).view(b, 1, 1)}
+        reads = [core._sparse_step(itf[t], state, context) for t in range(steps)]
+        return torch.stack(reads) + context["tape"].token
+
+    assert torch.autograd.gradcheck(run, (interfaces,), eps=1e-6, atol=1e-6, rtol=1e-5)
