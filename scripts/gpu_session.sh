@@ -10,7 +10,7 @@
 # Steps (timeouts in seconds) and groups; each line's timeouts sum to under 10 minutes, a common limit per command:
 #   env (45) tests (390; 8 processes with pytest-xdist where it is installed)
 #   throughput = throughput_gpt (90) throughput_qlstm (90) throughput_lram_gpt (210) throughput_pkm_gpt (190)
-#   bench      = bench_qlstm (150) bench_memory_bf16 (200) bench_memory_fp32 (200)
+#   bench      = bench_qlstm (150) bench_memory_bf16 (200) bench_memory_fp32 (200) bench_neural_bloom (45)
 #   train      = train_gpt (100) train_qlstm (120) train_lram_gpt (100) train_pkm_gpt (100)
 # Throughput rows are appended to copies of the registries in $OUT/throughput/<project>.csv, not to projects/.
 # The memory layers, which have no published rows, also get a row derived for the paper's RTX 3090 by ratio to
@@ -87,10 +87,14 @@ train_smoke() {  # project; the checkpoint (model and Adam state) stays in $SCRA
     return $status
 }
 
-export -f env_report kernel_tests throughput_sweep bench_qlstm bench_memory_layers train_smoke
+bench_neural_bloom() {  # Table 5.2 of Rae's thesis on the GPU: the Neural Bloom Filter's and LSTM's latency, throughput
+    python projects/neural_bloom/bench.py --task timing --device cuda --out "$OUT/neural_bloom_timing.json"
+}
+
+export -f env_report kernel_tests throughput_sweep bench_qlstm bench_memory_layers bench_neural_bloom train_smoke
 
 ORDER="env tests throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt bench_qlstm
-       bench_memory_bf16 bench_memory_fp32 train_gpt train_qlstm train_lram_gpt train_pkm_gpt"
+       bench_memory_bf16 bench_memory_fp32 bench_neural_bloom train_gpt train_qlstm train_lram_gpt train_pkm_gpt"
 # step: timeout in seconds, command
 declare -A STEPS=(
     [env]="45 env_report"
@@ -102,6 +106,7 @@ declare -A STEPS=(
     [bench_qlstm]="150 bench_qlstm"
     [bench_memory_bf16]="200 bench_memory_layers bf16"
     [bench_memory_fp32]="200 bench_memory_layers fp32"
+    [bench_neural_bloom]="45 bench_neural_bloom"
     [train_gpt]="100 train_smoke gpt"
     [train_qlstm]="120 train_smoke qlstm"
     [train_lram_gpt]="100 train_smoke lram_gpt"
@@ -109,7 +114,7 @@ declare -A STEPS=(
 )
 declare -A STEP_GROUPS=(
     [throughput]="throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt"
-    [bench]="bench_qlstm bench_memory_bf16 bench_memory_fp32"
+    [bench]="bench_qlstm bench_memory_bf16 bench_memory_fp32 bench_neural_bloom"
     [train]="train_gpt train_qlstm train_lram_gpt train_pkm_gpt"
 )
 selected=()

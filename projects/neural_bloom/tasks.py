@@ -131,6 +131,8 @@ class DatabaseTask(Task):
         self.train, self.eval = train, eval
 
     def members(self, gen, n, universe):
+        if n > len(universe):
+            raise ValueError(f"a set of {n} does not fit a universe of {len(universe)}")
         start = int(randint(gen, len(universe) - n + 1))
         return torch.arange(start, start + n)
 
