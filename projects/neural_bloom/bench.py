@@ -11,12 +11,12 @@ the pgbooks train split (--books), half of the words held out for evaluation; `e
 trained on sets of 2..200 and evaluated on 50..250; `class`, `heavy`, `uniform`, the three sampling strategies
 of 5.6.2 on a synthetic class-structured universe of 64-dim vectors (10 classes).
 
-Every neural model (each --nbf_sizes entry, --lstm, --memnet) trains for an equal share of --minutes on this
-machine (Algorithm 3), then is evaluated at each target rate as in 5.5: its threshold passes alpha / 2 of 50,000
+The Neural Bloom Filter trains for --minutes on this machine (Algorithm 3; several --nbf_sizes share it), the
+LSTM and the Memory Network for --baseline_minutes each; every model is then is evaluated at each target rate as in 5.5: its threshold passes alpha / 2 of 50,000
 negative queries of 10 test sets, its misses go into a backup Bloom filter at alpha / 2, and the space is the
 state's 32-bit floats plus that backup filter. Of several NBF sizes the smallest total at each rate is shown (the
 thesis's sweep). The classical filters are built on the same test sets and measured on the same negatives.
-Loading the words, evaluation and timing come on top of --minutes.
+Loading the words, evaluation and timing come on top.
 """
 import argparse
 import json
@@ -38,13 +38,14 @@ from projects.neural_bloom.model import BITS_PER_FLOAT, build
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BOOKS = REPO_ROOT.parent / "shared" / "data" / "pgbooks" / "train"
 TASKS = ("database", "extrapolation", "class", "heavy", "uniform", "timing")
-# per task: training set size(s), evaluation sizes, sets per step, queries per set per step
+# per task: training set size(s), evaluation sizes, sets per step, queries per set per step, NBF sizes
 TASK_SHAPES = {
-    "database": dict(train=5000, eval=(5000,), batch_sets=1, queries=1024),
-    "extrapolation": dict(train=(2, 200), eval=(50, 100, 150, 200, 250), batch_sets=8, queries=256),
-    "class": dict(train=200, eval=(200,), batch_sets=8, queries=256),
-    "heavy": dict(train=200, eval=(200,), batch_sets=8, queries=256),
-    "uniform": dict(train=200, eval=(200,), batch_sets=8, queries=256),
+    "database": dict(train=5000, eval=(5000,), batch_sets=1, queries=1024, sizes="16x4"),
+    "extrapolation": dict(train=(2, 200), eval=(50, 100, 150, 200, 250), batch_sets=8, queries=256, sizes="16x2"),
+    "class": dict(train=200, eval=(200,), batch_sets=8, queries=256, sizes="2x2,8x2"),
+    "heavy": dict(train=200, eval=(200,), batch_sets=8, queries=256, sizes="16x2,64x2"),
+    "uniform": dict(train=200, eval=(200,), batch_sets=8, queries=256, sizes="16x2,64x2"),
+    "timing": dict(sizes="16x4"),
 }
 THESIS_TABLE_5_1 = {  # kilobits at 5%, 1%, 0.1%: storing 5000 row keys (GigaWord v5 tokens)
     "Neural Bloom Filter": (0.871, 1.5, 24.5), "Bloom Filter": (31.2, 47.9, 72.2), "Cuckoo Filter": (33.1, 45.3, 62.6)}
@@ -186,15 +187,18 @@ def run_space(args) -> dict:
     shape = TASK_SHAPES[args.task]
     largest = max(task.set_sizes)
     models = neural_models(args, enc, largest)
-    seconds = 60 * args.minutes / max(1, len(models))
+    nbf_seconds = 60 * args.minutes / max(1, sum(kind == "nbf" for _, kind, _ in models))
+    baseline_seconds = 60 * (args.minutes / 4 if args.baseline_minutes is None else args.baseline_minutes)
     sizes = f"{task.set_sizes[0]}..{largest}" if task.set_sizes[0] != largest else f"{largest}"
     print(f"task {args.task}: {what}")
-    print(f"training {len(models)} models for {seconds:.0f} s each on {torch.get_num_threads()} threads, sets of {sizes}")
+    print(f"training on {torch.get_num_threads()} threads, sets of {sizes}: each NBF for {nbf_seconds:.0f} s, "
+          f"each baseline for {baseline_seconds:.0f} s")
     trained = {}
     for i, (label, kind, cfg) in enumerate(models):
         torch.manual_seed(args.seed + i)
         model = build(kind, cfg, enc)
-        stats = meta_learning.train(model, task, seconds, lr=args.lr, batch_sets=args.batch_sets or shape["batch_sets"],
+        stats = meta_learning.train(model, task, nbf_seconds if kind == "nbf" else baseline_seconds, lr=args.lr,
+                                    batch_sets=args.batch_sets or shape["batch_sets"],
                                     queries=args.queries or shape["queries"], seed=args.seed + i, desc=label)
         print(f"  {label}: {stats['steps']} steps in {stats['seconds']:.0f} s, loss {stats['loss']:.4f}")
         trained[label] = (model, stats)
@@ -306,10 +310,13 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
     p.add_argument("--task", choices=TASKS, default="database")
-    p.add_argument("--minutes", type=float, default=5.0, help="training time shared equally by the neural models")
+    p.add_argument("--minutes", type=float, default=5.0, help="training time of the NBF (shared by its sizes)")
+    p.add_argument("--baseline_minutes", type=float, default=None,
+                   help="training time of the LSTM and of the Memory Network, each (default: a quarter of --minutes)")
     p.add_argument("--rates", type=parse_rates, default=[0.05, 0.01, 0.001], help="target false-positive rates")
-    p.add_argument("--nbf_sizes", type=parse_sizes, default=parse_sizes("16x4"),
-                   help="NBF memory sizes SLOTSxWORD, each trained; the smallest total per rate is shown")
+    p.add_argument("--nbf_sizes", type=parse_sizes, default=None,
+                   help="NBF memory sizes SLOTSxWORD, each trained; the smallest total per rate is shown "
+                        "(default: the task's own)")
     add_bool_flag(p, "--lstm", True, "train and evaluate the LSTM baseline")
     add_bool_flag(p, "--memnet", True, "train and evaluate the Memory Network baseline")
     add_bool_flag(p, "--timing", True, "print Table 5.2 (latency, throughput) after the space table")
@@ -338,6 +345,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.plot and args.task != "extrapolation":
         p.error("--plot draws the extrapolation task (Figure 5.4)")
+    args.nbf_sizes = args.nbf_sizes or parse_sizes(TASK_SHAPES[args.task]["sizes"])
     results = {"args": {k: str(v) for k, v in vars(args).items()}}
     if args.task != "timing":
         results.update(run_space(args))

@@ -24,6 +24,7 @@ class ByteCNN(nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
         self.embed = nn.Embedding(256, cfg.byte_dim - 1)
+        nn.init.normal_(self.embed.weight, std=0.1)  # small, so the ordinal channel is not drowned at the start
         self.conv1 = nn.Conv1d(cfg.byte_dim, cfg.channels, 3, padding=1)
         self.conv2 = nn.Conv1d(cfg.channels, cfg.channels, 3, padding=1)
         self.out = nn.Linear(cfg.channels * cfg.max_len, cfg.z_dim)
