@@ -185,18 +185,22 @@ def space_table(n: int, rates, neural: dict, classic: dict) -> list[str]:
 def run_space(args) -> dict:
     task, enc, what = make_task(args)
     shape = TASK_SHAPES[args.task]
+    device = torch.device(args.device)
+    for universe in {id(u): u for u in (task.train, task.eval)}.values():  # the heavy task's are one universe
+        universe.inputs = universe.inputs.to(device)
     largest = max(task.set_sizes)
     models = neural_models(args, enc, largest)
     nbf_seconds = 60 * args.minutes / max(1, sum(kind == "nbf" for _, kind, _ in models))
     baseline_seconds = 60 * (args.minutes / 4 if args.baseline_minutes is None else args.baseline_minutes)
     sizes = f"{task.set_sizes[0]}..{largest}" if task.set_sizes[0] != largest else f"{largest}"
     print(f"task {args.task}: {what}")
-    print(f"training on {torch.get_num_threads()} threads, sets of {sizes}: each NBF for {nbf_seconds:.0f} s, "
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
+    print(f"training on {where}, sets of {sizes}: each NBF for {nbf_seconds:.0f} s, "
           f"each baseline for {baseline_seconds:.0f} s")
     trained = {}
     for i, (label, kind, cfg) in enumerate(models):
         torch.manual_seed(args.seed + i)
-        model = build(kind, cfg, enc)
+        model = build(kind, cfg, enc).to(device)
         stats = meta_learning.train(model, task, nbf_seconds if kind == "nbf" else baseline_seconds, lr=args.lr,
                                     batch_sets=args.batch_sets or shape["batch_sets"],
                                     queries=args.queries or shape["queries"], seed=args.seed + i, desc=label)
@@ -338,7 +342,8 @@ def main(argv=None):
     p.add_argument("--key_len", type=int, default=64, help="timing: bytes per key")
     p.add_argument("--timing_batch", type=int, default=10_000)
     p.add_argument("--timing_repeats", type=int, default=5)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="timing device")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="where the neural models train, are evaluated and timed")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="write every number as JSON here")
     p.add_argument("--plot", type=Path, help="extrapolation: bits against set size, one panel per rate")

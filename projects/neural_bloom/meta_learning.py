@@ -35,7 +35,7 @@ def train(model, task, seconds: float, lr: float = 1e-3, batch_sets: int = 4, qu
     while time.perf_counter() - start < seconds and (max_steps is None or len(losses) < max_steps):
         sets, qs, ys = task.train_batch(gen, batch_sets, queries)
         logits = model.read(model.write(task.train.inputs[sets]), task.train.inputs[qs])
-        loss = F.binary_cross_entropy_with_logits(logits, ys)
+        loss = F.binary_cross_entropy_with_logits(logits, ys.to(logits.device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -56,7 +56,7 @@ def score(model, universe, members, queries, chunk: int = 8192) -> tuple[torch.T
 
     def read(idx):
         return torch.cat([model.read(state, universe.inputs[idx[i:i + chunk]][None])[0]
-                          for i in range(0, len(idx), chunk)])
+                          for i in range(0, len(idx), chunk)]).cpu()
 
     return read(members), read(queries)
 
