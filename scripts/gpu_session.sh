@@ -12,6 +12,7 @@
 #   switch_gpt (420: its kernel tests on CUDA, a small teacher distilled into a GPT, Switch attention in fp32)
 #   throughput = throughput_gpt (90) throughput_qlstm (90) throughput_lram_gpt (210) throughput_pkm_gpt (190)
 #   bench      = bench_qlstm (150) bench_memory_bf16 (200) bench_memory_fp32 (200) bench_sam_topk (45)
+#                bench_neural_bloom (45)
 #   bench_pkm_torch_search (120): PKM with its old search (torch.topk), to set beside bench_memory_bf16's PKM
 #   train      = train_gpt (100) train_qlstm (120) train_lram_gpt (100) train_pkm_gpt (100)
 #   feedback   = tests_feedback (200) bench_feedback (300)         (the Feedback Transformer: kernel, CUDA graphs,
@@ -165,11 +166,15 @@ EOF
     python scripts/bench_sharded_memory.py --width 1024 --tokens 8192 --lram_memory 2^22 --pkm_keys 512 --out "$OUT"
 }
 
+bench_neural_bloom() {  # Table 5.2 of Rae's thesis on the GPU: the Neural Bloom Filter's and LSTM's latency, throughput
+    python projects/neural_bloom/bench.py --task timing --device cuda --out "$OUT/neural_bloom_timing.json"
+}
+
 export -f env_report kernel_tests throughput_sweep bench_qlstm bench_memory_layers bench_pkm_torch_search train_smoke \
-    feedback_tests bench_feedback switch_gpt_check several_gpus
+    feedback_tests bench_feedback switch_gpt_check several_gpus bench_neural_bloom
 
 ORDER="env tests switch_gpt throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt bench_qlstm
-       bench_memory_bf16 bench_memory_fp32 bench_pkm_torch_search bench_sam_topk
+       bench_memory_bf16 bench_memory_fp32 bench_pkm_torch_search bench_sam_topk bench_neural_bloom
        train_gpt train_qlstm train_lram_gpt train_pkm_gpt train_lram_gpt_options train_pkm_gpt_options several_gpus"
 # step: timeout in seconds, command
 declare -A STEPS=(
@@ -185,6 +190,7 @@ declare -A STEPS=(
     [bench_memory_fp32]="200 bench_memory_layers fp32"
     [bench_pkm_torch_search]="120 bench_pkm_torch_search"
     [bench_sam_topk]="45 python projects/sam/bench_topk.py"
+    [bench_neural_bloom]="45 bench_neural_bloom"
     [train_gpt]="100 train_smoke gpt"
     [train_qlstm]="120 train_smoke qlstm"
     [train_lram_gpt]="100 train_smoke lram_gpt"
@@ -199,7 +205,7 @@ declare -A STEPS=(
 )
 declare -A STEP_GROUPS=(
     [throughput]="throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt"
-    [bench]="bench_qlstm bench_memory_bf16 bench_memory_fp32 bench_sam_topk"
+    [bench]="bench_qlstm bench_memory_bf16 bench_memory_fp32 bench_sam_topk bench_neural_bloom"
     [train]="train_gpt train_qlstm train_lram_gpt train_pkm_gpt"
     [feedback]="tests_feedback bench_feedback"
     [feedback_train]="throughput_feedback train_feedback"

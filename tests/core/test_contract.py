@@ -1,6 +1,7 @@
 """Every project under projects/ against the model contract (languini/model_contract.py), on its `cpu` config.
 
-Projects are discovered, so a new one is checked without editing this file. What is specific to a project
+Projects are discovered, so a new one is checked without editing this file; one that is not a language model
+declares `LANGUAGE_MODEL = False` in its __init__.py and is left out (projects/neural_bloom). What is specific to a project
 (its paper's parameter counts, its kernels) is tested in tests/<project>/.
 """
 import importlib
@@ -15,7 +16,14 @@ from languini import checkpoint, model_contract
 from languini.experiment import REPO_ROOT
 from languini.plan import CPU_CONFIG
 
-PROJECTS = sorted(path.parent.name for path in (REPO_ROOT / "projects").glob("*/model.py"))
+
+def is_language_model(project: str) -> bool:
+    """False for a project whose package declares `LANGUAGE_MODEL = False` (neural_bloom: a set-membership filter)."""
+    return getattr(importlib.import_module(f"projects.{project}"), "LANGUAGE_MODEL", True) is not False
+
+
+FOLDERS = sorted(path.parent.name for path in (REPO_ROOT / "projects").glob("*/model.py"))
+PROJECTS = [name for name in FOLDERS if is_language_model(name)]
 BATCH, LENGTH = 2, 12
 
 
@@ -48,6 +56,12 @@ def forward(model, x, state=None):
 
 def test_every_project_is_found():
     assert {"gpt", "qlstm", "lram_gpt", "pkm_gpt"} <= set(PROJECTS)
+
+
+def test_only_projects_declared_not_language_models_are_left_out():
+    left_out = set(FOLDERS) - set(PROJECTS)
+    assert "neural_bloom" in left_out
+    assert all(importlib.import_module(f"projects.{name}").LANGUAGE_MODEL is False for name in left_out)
 
 
 @pytest.mark.parametrize("project", project_params())

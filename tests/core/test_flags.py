@@ -13,7 +13,9 @@ from languini.flags import Parser, parse_bool
 from projects.gpt import configs
 from projects.gpt.model import Model
 
-PROJECTS = sorted(p.name for p in (REPO_ROOT / "projects").iterdir() if (p / "configs.py").is_file())
+# the projects trained by train.py (a project that is not a language model, LANGUAGE_MODEL = False, has none)
+PROJECTS = sorted(p.name for p in (REPO_ROOT / "projects").iterdir() if (p / "configs.py").is_file()
+                  and getattr(importlib.import_module(f"projects.{p.name}"), "LANGUAGE_MODEL", True) is not False)
 
 
 def test_flag_prefixes_are_not_taken_for_flags(capsys):
