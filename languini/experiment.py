@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from languini import (compute_class, data_check, datasets, flops, model_contract, plan as planning, run_folder,
-                      stages, throughput, tokenizer)
+from languini import (compute_class, data_check, datasets, flops, hebbian, model_contract, neural_cache,
+                      plan as planning, run_folder, stages, throughput, tokenizer)
 from languini.books import BooksDataset, DataError
 from languini.checkpoint import CheckpointError
 from languini.evaluation import describe_slow_protocol
@@ -110,7 +110,7 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
 
     # the plan: printed here (the dry run stops after it), followed by the trainer, recorded in config.json
     local_hw = throughput.local_device_name(device)
-    model = throughput.model_spec(project, config_name, model_cfg)
+    model = throughput.model_spec(project, config_name, model_cfg, hebbian.settings(tcfg))  # Hebbian: its own row
     fwd_flops = None
     if ddp.main:
         fwd_flops = flops.forward_flops(model_cls(model_cfg).to(device), model_cfg.seq_len, model_cfg.vocab_size,
@@ -237,6 +237,10 @@ def check_values(tcfg: TrainConfig, model_cfg) -> None:
     for name in ("seq_len", "vocab_size"):
         if getattr(model_cfg, name) < 1:
             raise ValueError(f"--{name} must be at least 1, got {getattr(model_cfg, name)}.")
+    if tcfg.hebbian_limit < 0 or not 0 <= tcfg.hebbian_min_mix <= 1:
+        raise ValueError(f"--hebbian_limit must be at least 0 and --hebbian_min_mix in [0, 1], got "
+                         f"{tcfg.hebbian_limit} and {tcfg.hebbian_min_mix}.")
+    neural_cache.settings(tcfg)  # a bad --eval_cache_* fails now, not after training
     if tcfg.max_steps is not None and tcfg.compute_class is not None:
         raise ValueError("--max_steps and --compute_class are two budgets; give one. To train only the first N "
                          "steps of a compute class (its schedule unchanged), add --stop_at_step N to the class.")
@@ -288,6 +292,7 @@ def run_results(trainer: Trainer, rcfg: RunConfig, evals: dict) -> dict:
         "dataset_fingerprint": trainer.dataset.fingerprint, "precision": trainer.precision,
         "wall_seconds": {**trainer.wall_seconds, "total": sum(trainer.wall_seconds.values())},
         "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **({"hebbian_softmax": trainer.hebbian.summary()} if trainer.hebbian else {}),
         **evals,
     }
 

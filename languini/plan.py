@@ -326,7 +326,7 @@ def stage_models(model: throughput.ModelSpec, model_cfg, staged: tuple, time_sta
     models = []
     for stage in staged:
         cfg = dataclasses.replace(model_cfg, seq_len=stage.seq_len)
-        spec = throughput.model_spec(model.project, model.config, cfg)
+        spec = throughput.model_spec(model.project, model.config, cfg, dict(model.step_settings))
         models.append((stage, spec, time_stage(spec, cfg) if time_stage else None))
     return models
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_map
 from tqdm import tqdm
 
-from languini import aux_loss, checkpoint, flops, model_contract, stages
+from languini import aux_loss, checkpoint, flops, frequency, hebbian, model_contract, neural_cache, stages
 from languini.books import SLOW_EVAL_PROTOCOLS, BooksDataset, TrainBatches
 from languini.compute_class import DEFAULT_REFERENCE_HARDWARE
 from languini.evaluation import Evaluator, evaluate_splits
@@ -69,6 +69,22 @@ class TrainConfig:
     precision: str = arg("auto", "auto (bf16 if supported, else fp16 with a grad scaler; fp32 on CPU), bf16, fp16, fp32")
     compile: bool = arg(False, "torch.compile the model (true/false)")
     seed: int = arg(0, "seed of the model's initialisation")
+    # Hebbian Softmax and the neural cache (languini/hebbian.py, languini/neural_cache.py; Rae's thesis, chapter 4)
+    hebbian_softmax: bool = arg(False, "Hebbian Softmax (Rae's thesis, Algorithm 1): after each optimiser step the "
+                                       "output-layer row of every class seen, still under --hebbian_limit, is mixed "
+                                       "with the mean activation that predicted it (true/false)")
+    hebbian_limit: int = arg(hebbian.DEFAULT_LIMIT, "Hebbian Softmax T: a class's row mixes until it has occurred T "
+                                                    "times in training (thesis: 500; 100 or 500 on Gutenberg)")
+    hebbian_min_mix: float = arg(hebbian.DEFAULT_MIN_MIX, "Hebbian Softmax gamma: the least mixing weight, "
+                                                          "lambda = max(1/count, gamma) (thesis: 0.1 on Gutenberg, "
+                                                          "0.25 on WikiText-103)")
+    eval_cache_size: int | None = arg(None, "neural cache (Grave et al. 2016) in the slow evaluation: the last N "
+                                            "output-layer inputs of the stream, reported as mode slow_cache beside "
+                                            "the plain slow eval (None: off; the thesis: 10000)")
+    eval_cache_theta: float = arg(neural_cache.DEFAULT_THETA, "neural cache: inverse temperature of its softmax "
+                                                              "over h_t . h_i (thesis: 0.3)")
+    eval_cache_lambda: float = arg(neural_cache.DEFAULT_LAMBDA, "neural cache: its weight in the mixture with the "
+                                                                "model's distribution (thesis: 0.1)")
 
 
 class NonFiniteLoss(RuntimeError):
@@ -178,18 +194,19 @@ class TrainStep:
     languini/measure.py times for a throughput row, so a row is the speed of what trains.
 
     model: the module itself (its after-step hook); train_model: what runs the forward (compiled, DDP-wrapped).
-    For a model with an after-step hook the output layer's inputs are recorded until close().
+    hebbian: the Hebbian Softmax of the model's output layer (languini.hebbian), applied after the optimiser step.
+    For a model with an after-step hook, or with hebbian, the output layer's inputs are recorded until close().
     """
 
     def __init__(self, model: torch.nn.Module, train_model: torch.nn.Module, optimizers: list, dense_params: list,
                  schedulers: list, autocast, scaler, grad_clip: float | None, micro_batches: int,
-                 device: torch.device, world_size: int = 1):
+                 device: torch.device, world_size: int = 1, hebbian: hebbian.HebbianSoftmax | None = None):
         self.model, self.train_model, self.optimizers, self.dense_params = model, train_model, optimizers, dense_params
         self.schedulers, self.autocast, self.scaler, self.grad_clip = schedulers, autocast, scaler, grad_clip
-        self.micro_batches, self.device, self.world_size = micro_batches, device, world_size
+        self.micro_batches, self.device, self.world_size, self.hebbian = micro_batches, device, world_size, hebbian
         self.hidden = None  # the output layer's inputs of this step, for an after-step hook; else None
         self._hook = None
-        if isinstance(model, model_contract.WithAfterStep):
+        if isinstance(model, model_contract.WithAfterStep) or hebbian is not None:
             self.hidden = []
             self._hook = model_contract.output_head(model).register_forward_hook(self._record_hidden)
 
@@ -205,9 +222,14 @@ class TrainStep:
 
     @torch.no_grad()
     def after_step(self, y: torch.Tensor) -> None:
-        """The model's after-step hook with this step's hidden states and targets (model_contract.WithAfterStep)."""
+        """The Hebbian Softmax, then the model's after-step hook, with this step's hidden states and targets
+        (model_contract.WithAfterStep)."""
         hidden, self.hidden = torch.cat(self.hidden), []
-        self.model.after_step(hidden, y.flatten(0, 1).to(self.device))
+        targets = y.flatten(0, 1).to(self.device)
+        if self.hebbian is not None:
+            self.hebbian.update(hidden, targets)
+        if isinstance(self.model, model_contract.WithAfterStep):
+            self.model.after_step(hidden, targets)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, states: list, after_step=None) -> tuple[float, dict]:
         """Train on x, y of shape (micro_batches, batch, seq_len), carrying `states` (one per micro-batch, updated
@@ -309,19 +331,23 @@ class Trainer:
         if self.ddp.world_size > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.train_model = torch.nn.parallel.DistributedDataParallel(self.train_model, device_ids=ids)
+        self.hebbian = hebbian.for_run(self.model, tcfg, self.ddp.world_size)
         self.step_runner = TrainStep(self.model, self.train_model, self.optimizers, self.dense_params, self.schedulers,
                                      self.autocast, self.scaler, tcfg.grad_clip, tcfg.micro_batches, self.device,
-                                     self.ddp.world_size)
+                                     self.ddp.world_size, self.hebbian)
 
         self.batches = TrainBatches(dataset.books("train"), model_cfg.vocab_size, tcfg.batch_size, self.seq_len,
                                     tcfg.micro_batches, self.ddp.rank, self.ddp.world_size, self.schedule)
         self.states = [None] * tcfg.micro_batches
-        def evaluator(max_batches):
+        # every eval row reports perplexity by training frequency (Rae's thesis, Table 4.2)
+        self.frequency = frequency.FrequencyBuckets.of_dataset(dataset, model_cfg.vocab_size, self.ddp.main)
+
+        def evaluator(max_batches, cache=None):
             return Evaluator(bytes_per_token, model_cfg.vocab_size, self.seq_len, self.device, tcfg.eval_batch_size,
                              max_batches, tcfg.slow_eval_max_windows, self.autocast, self.ddp.rank, self.ddp.world_size,
-                             decode, tcfg.slow_eval, tcfg.slow_eval_last_n)
+                             decode, tcfg.slow_eval, tcfg.slow_eval_last_n, frequency=self.frequency, cache=cache)
 
-        self.evaluator = evaluator(tcfg.eval_max_batches)
+        self.evaluator = evaluator(tcfg.eval_max_batches, neural_cache.settings(tcfg))
         self.progress_evaluator = evaluator(eval_every_max_batches(tcfg))  # the smaller evaluations during training
         self.eval_split = progress_split(dataset.splits)
         self.step = 0
@@ -353,7 +379,8 @@ class Trainer:
                 "rng": checkpoint.rng_state(), "step": self.step, "states": states, "state_dtypes": state_dtypes,
                 "model_config": dataclasses.asdict(self.model_cfg), "total_steps": self.total_steps,
                 "stage_steps": list(zip(self.schedule.seq_lens, self.schedule.steps)),
-                "train_wall_seconds": self.train_seconds, "wall_seconds": dict(self.wall_seconds)}
+                "train_wall_seconds": self.train_seconds, "wall_seconds": dict(self.wall_seconds),
+                "hebbian": self.hebbian.state_dict() if self.hebbian else None}
 
     def load_state_dict(self, ckpt: dict) -> None:
         """Continue from a state_dict() (a checkpoint) of a run with the same model config and budget."""
@@ -366,6 +393,11 @@ class Trainer:
             states = checkpoint.load_rank_states(self.run_dir, self.ddp.rank, ckpt["step"], self.device)
         else:
             states = checkpoint.unpack_states(ckpt["states"], ckpt.get("state_dtypes"))
+        if (ckpt.get("hebbian") is None) != (self.hebbian is None):
+            raise ValueError(f"The checkpoint in {self.run_dir} was trained with --hebbian_softmax "
+                             f"{str(ckpt.get('hebbian') is not None).lower()}; resume with the same flags.")
+        if self.hebbian:
+            self.hebbian.load_state_dict(ckpt["hebbian"])
         self.model.load_state_dict(ckpt["model"])
         for opt, state in zip(self.optimizers, ckpt["optimizers"], strict=True):
             opt.load_state_dict(state)
