@@ -6,6 +6,9 @@ conventions: `normalised_perplexity` divides by UTF-8 bytes, as the paper's equa
 row of scored targets decoded on its own, the characters of the strings summed), which is how the paper's
 tables were made. Characters are never more than bytes, so the character convention is the higher number;
 they differ only on non-ASCII text.
+
+Every row also gives the loss and perplexity by training frequency (languini/frequency.py), and with a neural cache
+(languini/neural_cache.py) the slow evaluation gives a second row, mode slow_cache, from the same forward passes.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from languini import aux_loss, model_parallel
+from languini import aux_loss, model_contract, model_parallel
 from languini.books import (
     SLOW_EVAL_PROTOCOLS,
     Book,
@@ -30,7 +33,9 @@ from languini.books import (
     token_count,
     window_plan,
 )
+from languini.frequency import FrequencyBuckets
 from languini.model_contract import WithMemoryStats
+from languini.neural_cache import CacheSettings, NeuralCache
 
 TOP_K = (1, 10)  # the accuracies the official code reports
 
@@ -84,13 +89,15 @@ class EvalResult:
     chars: int | None = None  # None: no decoder to count them
     top1: int = 0  # scored targets that were the most likely token
     top10: int = 0  # ... among the ten most likely
+    by_frequency: dict | None = None  # FrequencyBuckets.record: loss and perplexity by training frequency
 
     def as_dict(self) -> dict:
+        frequency = {"by_frequency": self.by_frequency} if self.by_frequency is not None else {}
         if not self.tokens:  # nothing scored (a split shorter than the slow eval's first window): no numbers
             return {"loss": None, "normalised_perplexity": None, "normalised_perplexity_chars": None,
                     "top1_accuracy": None, "top10_accuracy": None, "scored_tokens": 0, "scored_bytes": 0,
-                    "scored_chars": 0 if self.chars is not None else None}
-        return {"loss": self.loss_sum / self.tokens,
+                    "scored_chars": 0 if self.chars is not None else None, **frequency}
+        return {**frequency, "loss": self.loss_sum / self.tokens,
                 "normalised_perplexity": normalised_perplexity(self.loss_sum, max(self.bytes, 1)),
                 "normalised_perplexity_chars": (normalised_perplexity(self.loss_sum, max(self.chars, 1))
                                                 if self.chars is not None else None),
@@ -99,15 +106,17 @@ class EvalResult:
 
 
 def score_batch(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
-                bytes_per_token: torch.Tensor) -> torch.Tensor:
-    """Sums over the masked positions, as float64: loss (nats), tokens, bytes, top-1 and top-10 hits."""
+                bytes_per_token: torch.Tensor, frequency: FrequencyBuckets | None = None) -> torch.Tensor:
+    """Sums over the masked positions, as float64: loss (nats), tokens, bytes, top-1 and top-10 hits; then, given
+    `frequency`, the loss and tokens of each frequency bucket."""
     logits, targets, mask = logits.float().flatten(0, 1), targets.flatten(), mask.flatten()
     loss = F.cross_entropy(logits, targets, reduction="none")
     ranked = logits.topk(min(max(TOP_K), logits.shape[-1]), dim=-1).indices == targets[:, None]
     # where, not multiply: a padded position must not turn the sum into nan
     sums = [torch.where(mask, loss, 0.0).sum(), mask.sum(), torch.where(mask, bytes_per_token[targets], 0).sum(),
             *((ranked[:, :k].any(dim=-1) & mask).sum() for k in TOP_K)]
-    return torch.stack([s.double() for s in sums])
+    sums = torch.stack([s.double() for s in sums])
+    return sums if frequency is None else torch.cat([sums, frequency.sums(loss, targets, mask)])
 
 
 def count_chars(targets: torch.Tensor, mask: torch.Tensor, decode: Callable[[list[list[int]]], list[str]]) -> int:
@@ -120,15 +129,19 @@ class Evaluator:
 
     decode: the tokenizer's decode (SentencePieceProcessor.decode) to count characters; None: no character
     count. slow_protocol, slow_last_n: how a stateless model's slow eval moves its windows and which
-    targets it scores (books.window_plan; the paper: last_n, 128 of 512); None: seq_len // 4.
+    targets it scores (books.window_plan; the paper: last_n, 128 of 512); None: seq_len // 4. frequency: the
+    training-frequency buckets every row reports; cache: a neural cache the slow eval also reports
+    (slow_and_cached).
     """
 
     def __init__(self, bytes_per_token: torch.Tensor, vocab_size: int, seq_len: int, device: torch.device,
                  batch_size: int = 16, max_batches: int | None = 500, slow_max_windows: int | None = None,
                  autocast=contextlib.nullcontext, rank: int = 0, world_size: int = 1,
                  decode: Callable[[list[list[int]]], list[str]] | None = None, slow_protocol: str = "last_n",
-                 slow_last_n: int | None = None):
+                 slow_last_n: int | None = None, frequency: FrequencyBuckets | None = None,
+                 cache: CacheSettings | None = None):
         self.bytes_per_token = bytes_per_token.to(device)
+        self.frequency, self.cache = frequency, cache
         self.vocab_size, self.seq_len, self.device = vocab_size, seq_len, device
         self.batch_size, self.max_batches, self.slow_max_windows = batch_size, max_batches, slow_max_windows
         self.autocast, self.rank, self.world_size, self.decode = autocast, rank, world_size, decode
@@ -140,25 +153,42 @@ class Evaluator:
             raise ValueError(f"--slow_eval_last_n must be in 1..seq_len ({seq_len}), not {self.slow_last_n}")
 
     @torch.no_grad()
-    def _run(self, model, batches, desc: str) -> EvalResult:
-        """Sum over batches; a stateful model carries its state from one batch to the next."""
-        totals = torch.zeros(len(TOP_K) + 4, dtype=torch.float64, device=self.device)  # the sums, then chars
-        chars, state = 0, None
+    def _run(self, model, batches, desc: str, cache: NeuralCache | None = None) -> list[EvalResult]:
+        """Sum over batches; a stateful model carries its state from one batch to the next. Returns the result,
+        and with a cache (whose batches are the stream's scored positions in order) the cache's result too."""
+        n_sums = len(TOP_K) + 3 + (self.frequency.n_sums if self.frequency else 0)
+        totals = torch.zeros(2 if cache else 1, n_sums + 1, dtype=torch.float64, device=self.device)  # then chars
+        chars, state, inputs = 0, None, []
+        hook = (model_contract.output_head(model, "--eval_cache_size").register_forward_hook(
+            lambda head, args, output: inputs.append(args[0])) if cache else None)
         # a model-parallel model runs as many forward passes on every process (empty batches where one has none)
         batches = model_parallel.lockstep(batches, model, self.device)
-        for x, y, mask in tqdm(batches, desc=desc, unit="batch", leave=False, disable=None if self.rank == 0 else True):
-            if self.decode is not None:
-                chars += count_chars(y, mask, self.decode)
-            x, y, mask = (t.to(self.device, non_blocking=True) for t in (x, y, mask))
-            with self.autocast():
-                logits, state, _ = aux_loss.unpack(model(x, state))  # auxiliary losses are no part of perplexity
-            totals[:-1] += score_batch(logits, y, mask, self.bytes_per_token)
-        totals[-1] = chars
+        try:
+            for x, y, mask in tqdm(batches, desc=desc, unit="batch", leave=False,
+                                   disable=None if self.rank == 0 else True):
+                if self.decode is not None:
+                    chars += count_chars(y, mask, self.decode)
+                x, y, mask = (t.to(self.device, non_blocking=True) for t in (x, y, mask))
+                with self.autocast():
+                    logits, state, _ = aux_loss.unpack(model(x, state))  # auxiliary losses are no part of perplexity
+                totals[0, :-1] += score_batch(logits, y, mask, self.bytes_per_token, self.frequency)
+                if cache:
+                    mixed = cache.mix(inputs.pop()[mask], logits[mask], y[mask])
+                    totals[1, :-1] += score_batch(mixed[None], y[mask][None], mask[mask][None], self.bytes_per_token,
+                                                  self.frequency)
+        finally:
+            if hook is not None:
+                hook.remove()
+        totals[:, -1] = chars
         if self.world_size > 1:
             dist.all_reduce(totals)
-        loss, tokens, n_bytes, top1, top10, chars = totals.tolist()
-        return EvalResult(loss, int(tokens), int(n_bytes), int(chars) if self.decode is not None else None,
-                          int(top1), int(top10))
+        results = []
+        for row in totals.tolist():
+            loss, tokens, n_bytes, top1, top10 = row[:5]
+            results.append(EvalResult(loss, int(tokens), int(n_bytes),
+                                      int(row[-1]) if self.decode is not None else None, int(top1), int(top10),
+                                      self.frequency.record(row[5:-1]) if self.frequency else None))
+        return results
 
     def fast(self, model, books: list[Book]) -> EvalResult:
         """All predictions of up to max_batches batches of batch_size streams."""
@@ -166,7 +196,7 @@ class Evaluator:
         model.eval()
         try:
             return self._run(model, eval_batches(books, self.vocab_size, self.batch_size, self.seq_len,
-                                                 self.rank, self.world_size, self.max_batches), "fast eval")
+                                                 self.rank, self.world_size, self.max_batches), "fast eval")[0]
         finally:
             model.train(was_training)
 
@@ -182,18 +212,28 @@ class Evaluator:
     def slow(self, model, books: list[Book], stateful: bool) -> EvalResult:
         """Batch 1 over the split as one stream: windows of seq_len moved by slow_last_n, scored as
         slow_protocol says; a stateful model instead reads the stream once, carrying its state."""
+        return self.slow_and_cached(model, books, stateful)[0]
+
+    def slow_and_cached(self, model, books: list[Book], stateful: bool) -> tuple[EvalResult, EvalResult | None]:
+        """The slow eval, and from the same forward passes the slow eval with the neural cache (None without one).
+        The cache reads the stream in order, so with it one process reads every window."""
         was_training = model.training
         model.eval()
+        cache = NeuralCache(self.cache) if self.cache else None
         try:
-            if stateful:
+            if stateful or cache:
                 if self.world_size > 1 and self.rank > 0:  # one stream cannot be split; rank 0 reads it
                     batches = []
-                else:
+                elif stateful:
                     batches = eval_batches(books, self.vocab_size, 1, self.seq_len, 0, 1, self.slow_max_windows)
-                return self._run(model, batches, "slow eval")
-            return self._run(model, sliding_windows(books, self.vocab_size, self.seq_len, self.slow_last_n,
-                                                    self.batch_size, self.rank, self.world_size,
-                                                    self.slow_max_windows, self.slow_protocol), "slow eval")
+                else:
+                    batches = sliding_windows(books, self.vocab_size, self.seq_len, self.slow_last_n, self.batch_size,
+                                              0, 1, self.slow_max_windows, self.slow_protocol)
+            else:
+                batches = sliding_windows(books, self.vocab_size, self.seq_len, self.slow_last_n, self.batch_size,
+                                          self.rank, self.world_size, self.slow_max_windows, self.slow_protocol)
+            results = self._run(model, batches, "slow eval", cache)
+            return results[0], (results[1] if cache else None)
         finally:
             model.train(was_training)
 
@@ -204,7 +244,8 @@ def evaluate_splits(evaluator: Evaluator, model, dataset, splits: list[str], sta
     """Every mode on every split: {"eval": {mode: {split: row}}} and the memory statistics of models with a
     memory (over the fast eval, one pass over the split). Each slow row names its protocol; the rows given to
     write_row also carry the evaluation's wall time (`wall_seconds`, which results.json leaves out)."""
-    results = {mode: {} for mode in modes}
+    cached = "slow" in modes and evaluator.cache is not None
+    results = {mode: {} for mode in (*modes, *(("slow_cache",) if cached else ()))}
     memory_stats = {}
     for split in splits:
         books = dataset.books(split)
@@ -219,8 +260,13 @@ def evaluate_splits(evaluator: Evaluator, model, dataset, splits: list[str], sta
                 memory_stats[split] = model.memory_stats()
         if "slow" in modes:
             started = time.perf_counter()
-            rows["slow"] = {**evaluator.slow(model, books, stateful).as_dict(), **evaluator.slow_protocol_for(stateful)}
+            slow, with_cache = evaluator.slow_and_cached(model, books, stateful)
+            rows["slow"] = {**slow.as_dict(), **evaluator.slow_protocol_for(stateful)}
             seconds["slow"] = time.perf_counter() - started
+            if with_cache is not None:  # from the same forward passes, so the same wall time
+                rows["slow_cache"] = {**with_cache.as_dict(), **evaluator.slow_protocol_for(stateful),
+                                      **evaluator.cache.record()}
+                seconds["slow_cache"] = seconds["slow"]
         for mode, row in rows.items():
             results[mode][split] = row
             if write_row is not None:

@@ -21,8 +21,10 @@ from languini import (
     data_check,
     datasets,
     flops,
+    hebbian,
     model_contract,
     model_parallel,
+    neural_cache,
     run_folder,
     stages,
     throughput,
@@ -155,7 +157,7 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
 
     # the plan: printed here (the dry run stops after it), followed by the trainer, recorded in config.json
     local_hw = throughput.local_device_name(device)
-    model = throughput.model_spec(project, config_name, model_cfg)
+    model = throughput.model_spec(project, config_name, model_cfg, hebbian.settings(tcfg))  # Hebbian: its own row
     fwd_flops = None
     if ddp.main:  # counted on this process alone, on the whole model
         with model_parallel.single_process():
@@ -302,6 +304,10 @@ def check_values(tcfg: TrainConfig, model_cfg) -> None:
     for name in ("seq_len", "vocab_size"):
         if getattr(model_cfg, name) < 1:
             raise ValueError(f"--{name} must be at least 1, got {getattr(model_cfg, name)}.")
+    if tcfg.hebbian_limit < 0 or not 0 <= tcfg.hebbian_min_mix <= 1:
+        raise ValueError(f"--hebbian_limit must be at least 0 and --hebbian_min_mix in [0, 1], got "
+                         f"{tcfg.hebbian_limit} and {tcfg.hebbian_min_mix}.")
+    neural_cache.settings(tcfg)  # a bad --eval_cache_* fails now, not after training
     if tcfg.max_steps is not None and tcfg.compute_class is not None:
         raise ValueError("--max_steps and --compute_class are two budgets; give one. To train only the first N "
                          "steps of a compute class (its schedule unchanged), add --stop_at_step N to the class.")
@@ -353,6 +359,7 @@ def run_results(trainer: Trainer, rcfg: RunConfig, evals: dict) -> dict:
         "dataset_fingerprint": trainer.dataset.fingerprint, "precision": trainer.precision,
         "wall_seconds": {**trainer.wall_seconds, "total": sum(trainer.wall_seconds.values())},
         "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **({"hebbian_softmax": trainer.hebbian.summary()} if trainer.hebbian else {}),
         **evals,
     }
 

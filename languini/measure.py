@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from languini import hebbian
 from languini.throughput import ModelSpec, ThroughputRow
 from languini.timing import time_calls
 from languini.trainer import TrainConfig, TrainStep, build_optimizers, build_schedulers, precision_for
@@ -35,8 +36,9 @@ def measure_batch_size(
 ) -> Measurement:
     """Median time of `steps` training steps after `warmup` untimed ones; tokens/s None on OOM.
 
-    The steps are Trainer's, with tcfg's optimiser, schedule, precision, compile, gradient clipping and
-    micro-batches (batch_size is the global batch, split into tcfg.micro_batches); tcfg.batch_size is unused.
+    The steps are Trainer's, with tcfg's optimiser, schedule, precision, compile, gradient clipping,
+    micro-batches and Hebbian Softmax (batch_size is the global batch, split into tcfg.micro_batches; tcfg.batch_size
+    is unused).
     """
     micro_batches = tcfg.micro_batches
     if micro_batches < 1 or batch_size % micro_batches:
@@ -48,7 +50,7 @@ def measure_batch_size(
         torch._dynamo.reset()  # a fresh graph per batch size; the recompile limit would otherwise fall back to eager
     train_model = torch.compile(model) if tcfg.compile else model
     train_step = TrainStep(model, train_model, optimizers, dense_params, schedulers, autocast, scaler, tcfg.grad_clip,
-                           micro_batches, device)
+                           micro_batches, device, hebbian=hebbian.for_run(model, tcfg))
     is_cuda = device.type == "cuda"
     if is_cuda:
         torch.cuda.reset_peak_memory_stats(device)

@@ -1,10 +1,13 @@
 """What the shared trainer, evaluation and FLOP count ask of a project's `Model`, written down in one place.
 
 Required: `Model(cfg)`, `forward(x, state) -> (logits, state)` or `(logits, state, aux)`, and the class
-attribute `stateful`. Optional (a model that does not define one gets the default behaviour, at no cost):
-`optimizer_groups`, `extra_flops`, `reset_memory_stats`/`memory_stats`, the after-step hook `after_step`, and
-the class attribute `checkpoint_state_dtype` (the dtype checkpoints store the carried state in; see
-checkpoint_state_dtype below). tests/core/test_contract.py checks every project under projects/ against it.
+attribute `stateful`. Expected: the output layer `head`, a torch.nn.Linear from the last hidden layer to the
+vocabulary whose output is the logits (every project has it; the after-step hook, --hebbian_softmax and
+--eval_cache_size use its inputs and rows and refuse a model without it). Optional (a model that does not define
+one gets the default behaviour, at no cost): `optimizer_groups`, `extra_flops`, `reset_memory_stats`/
+`memory_stats`, the after-step hook `after_step`, and the class attribute `checkpoint_state_dtype` (the dtype
+checkpoints store the carried state in; see checkpoint_state_dtype below). tests/core/test_contract.py checks every
+project under projects/ against it.
 """
 from __future__ import annotations
 
@@ -113,11 +116,11 @@ def checkpoint_state_dtype(model) -> torch.dtype | None:
     return value
 
 
-def output_head(model) -> torch.nn.Module:
-    """The output layer whose inputs an after-step hook receives."""
+def output_head(model, needed_by: str = "after_step") -> torch.nn.Module:
+    """The output layer `head`, a Linear from the last hidden layer to the vocabulary: an after-step hook and the
+    neural cache receive its inputs, the Hebbian Softmax moves its rows."""
     head = getattr(model, "head", None)
-    if not isinstance(head, torch.nn.Module):
-        raise ContractError(f"{type(model).__name__} defines after_step, which receives the inputs of the output "
-                            f"layer: it needs that layer as the module `head` (see {CONTRACT}).")
+    if not isinstance(head, torch.nn.Linear):
+        raise ContractError(f"{type(model).__name__} is used with {needed_by}, which works with the output layer: it "
+                            f"needs that layer as the torch.nn.Linear `head` (see {CONTRACT}).")
     return head
-

@@ -399,7 +399,7 @@ def stage_models(model: throughput.ModelSpec, model_cfg, staged: tuple, time_sta
     models = []
     for stage, rows in zip(staged, stages.rows_per_stream(staged, stage_batch)):
         cfg = dataclasses.replace(model_cfg, seq_len=stage.seq_len)
-        spec = throughput.model_spec(model.project, model.config, cfg)
+        spec = throughput.model_spec(model.project, model.config, cfg, dict(model.step_settings))
         models.append((stage, spec, time_stage(spec, cfg, rows) if time_stage else None))
     return models
 

@@ -81,14 +81,16 @@ def _canonical(value):
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def model_fingerprint(model_config) -> str:
-    """12 hex digits of SHA-256 over every field of a config dataclass, as JSON with sorted keys.
+def model_fingerprint(model_config, step_settings: dict | None = None) -> str:
+    """12 hex digits of SHA-256 over every field of a config dataclass, as JSON with sorted keys, and over the
+    training settings that change the timed step (`step_settings`: the Hebbian Softmax's flags when it is on).
 
     Depends only on the field names and values, so it is the same in every process, on every machine and
     in every Python version, and changes with any field but its layout fields (languini.model_parallel: how
     the model is split over processes, which a row measured on one device does not see).
     """
-    values = {name: _canonical(value) for name, value in model_parallel.model_fields(model_config).items()}
+    values = {name: _canonical(value)
+              for name, value in {**model_parallel.model_fields(model_config), **(step_settings or {})}.items()}
     text = json.dumps(values, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
@@ -114,17 +116,22 @@ class ModelSpec:
     project: str
     config: str
     fingerprint: str
-    flags: str  # model_flags() against the named config
+    flags: str  # model_flags() against the named config, then the step settings as flags
+    step_settings: tuple = ()  # (name, value) of the training settings that change the step (languini.hebbian)
 
     def __str__(self) -> str:
         return f"{self.project} {self.config}{' ' + self.flags if self.flags else ''} (model {self.fingerprint})"
 
 
-def model_spec(project: str, config: str, model_config=None) -> ModelSpec:
-    """The ModelSpec of `model_config` (default: the named config unmodified) of projects/<project>/configs.py."""
+def model_spec(project: str, config: str, model_config=None, step_settings: dict | None = None) -> ModelSpec:
+    """The ModelSpec of `model_config` (default: the named config unmodified) of projects/<project>/configs.py,
+    trained with `step_settings` (languini.hebbian.settings: {} or None for the plain step)."""
     named = importlib.import_module(f"projects.{project}.configs").SIZES[config]
     model_config = named if model_config is None else model_config
-    return ModelSpec(project, config, model_fingerprint(model_config), model_flags(model_config, named))
+    step_settings = step_settings or {}
+    flags = " ".join([model_flags(model_config, named)] + [f"--{k} {_flag_value(v)}" for k, v in step_settings.items()])
+    return ModelSpec(project, config, model_fingerprint(model_config, step_settings), flags.strip(),
+                     tuple(step_settings.items()))
 
 
 def _named_config_fingerprint(project: str, config: str, seq_len: int) -> str:

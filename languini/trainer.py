@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_map
 from tqdm import tqdm
 
-from languini import aux_loss, checkpoint, flops, model_contract, model_parallel, stages
+from languini import (aux_loss, checkpoint, flops, frequency, hebbian, model_contract, model_parallel, neural_cache,
+                      stages)
 from languini.books import SLOW_EVAL_PROTOCOLS, BooksDataset, TrainBatches
 from languini.compute_class import DEFAULT_REFERENCE_HARDWARE
 from languini.evaluation import Evaluator, evaluate_splits
@@ -89,6 +90,22 @@ class TrainConfig:
     retime: bool = arg(False, "on a CPU (a CPU-sized config without a GPU): time the model on this machine before "
                               "the run even if a row exists, and keep the row in <out_dir>/throughput.csv for "
                               "later runs here (true/false)")
+    # Hebbian Softmax and the neural cache (languini/hebbian.py, languini/neural_cache.py; Rae's thesis, chapter 4)
+    hebbian_softmax: bool = arg(False, "Hebbian Softmax (Rae's thesis, Algorithm 1): after each optimiser step the "
+                                       "output-layer row of every class seen, still under --hebbian_limit, is mixed "
+                                       "with the mean activation that predicted it (true/false)")
+    hebbian_limit: int = arg(hebbian.DEFAULT_LIMIT, "Hebbian Softmax T: a class's row mixes until it has occurred T "
+                                                    "times in training (thesis: 500; 100 or 500 on Gutenberg)")
+    hebbian_min_mix: float = arg(hebbian.DEFAULT_MIN_MIX, "Hebbian Softmax gamma: the least mixing weight, "
+                                                          "lambda = max(1/count, gamma) (thesis: 0.1 on Gutenberg, "
+                                                          "0.25 on WikiText-103)")
+    eval_cache_size: int | None = arg(None, "neural cache (Grave et al. 2016) in the slow evaluation: the last N "
+                                            "output-layer inputs of the stream, reported as mode slow_cache beside "
+                                            "the plain slow eval (None: off; the thesis: 10000)")
+    eval_cache_theta: float = arg(neural_cache.DEFAULT_THETA, "neural cache: inverse temperature of its softmax "
+                                                              "over h_t . h_i (thesis: 0.3)")
+    eval_cache_lambda: float = arg(neural_cache.DEFAULT_LAMBDA, "neural cache: its weight in the mixture with the "
+                                                                "model's distribution (thesis: 0.1)")
 
 
 class NonFiniteLoss(RuntimeError):
@@ -212,22 +229,24 @@ class TrainStep:
     languini/measure.py times for a throughput row, so a row is the speed of what trains.
 
     model: the module itself (its after-step hook); train_model: what runs the forward (compiled, DDP-wrapped).
-    For a model with an after-step hook the output layer's inputs are recorded until close().
+    hebbian: the Hebbian Softmax of the model's output layer (languini.hebbian), applied after the optimiser step.
+    For a model with an after-step hook, or with hebbian, the output layer's inputs are recorded until close().
     """
 
     def __init__(self, model: torch.nn.Module, train_model: torch.nn.Module, optimizers: list, dense_params: list,
                  schedulers: list, autocast, scaler, grad_clip: float | None, micro_batches: int,
-                 device: torch.device, world_size: int = 1):
+                 device: torch.device, world_size: int = 1, hebbian: hebbian.HebbianSoftmax | None = None):
         self.model, self.train_model, self.optimizers, self.dense_params = model, train_model, optimizers, dense_params
         self.schedulers, self.autocast, self.scaler, self.grad_clip = schedulers, autocast, scaler, grad_clip
         self.micro_batches, self.device, self.world_size = micro_batches, device, world_size
+        self.hebbian = hebbian
         self.sharded = [p for _, p in model_parallel.sharded_parameters(model)]  # not averaged by DDP
         self.hidden = None  # the output layer's inputs of this step, for an after-step hook; else None
         self._hook = None
         # a trainer's own objective (languini/distill.py): (micro-batch index, x, logits, y, cross-entropy) ->
         # (the loss to train on in place of the cross-entropy, auxiliary losses to add and log); None: none
         self.objective = None
-        if isinstance(model, model_contract.WithAfterStep):
+        if isinstance(model, model_contract.WithAfterStep) or hebbian is not None:
             self.hidden = []
             self._hook = model_contract.output_head(model).register_forward_hook(self._record_hidden)
 
@@ -243,9 +262,14 @@ class TrainStep:
 
     @torch.no_grad()
     def after_step(self, y: torch.Tensor) -> None:
-        """The model's after-step hook with this step's hidden states and targets (model_contract.WithAfterStep)."""
+        """The Hebbian Softmax, then the model's after-step hook, with this step's hidden states and targets
+        (model_contract.WithAfterStep)."""
         hidden, self.hidden = torch.cat(self.hidden), []
-        self.model.after_step(hidden, y.flatten(0, 1).to(self.device))
+        targets = y.flatten(0, 1).to(self.device)
+        if self.hebbian is not None:
+            self.hebbian.update(hidden, targets)
+        if isinstance(self.model, model_contract.WithAfterStep):
+            self.model.after_step(hidden, targets)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, states: list, after_step=None) -> tuple[float, dict]:
         """Train on x, y of shape (micro_batches, batch, seq_len), carrying `states` (one per micro-batch, updated
@@ -360,9 +384,10 @@ class Trainer:
             DDP._set_params_and_buffers_to_ignore_for_model(self.train_model,
                                                             model_parallel.ddp_ignored(self.train_model))
             self.train_model = DDP(self.train_model, device_ids=ids)
+        self.hebbian = hebbian.for_run(self.model, tcfg, self.ddp.world_size)
         self.step_runner = TrainStep(self.model, self.train_model, self.optimizers, self.dense_params, self.schedulers,
                                      self.autocast, self.scaler, tcfg.grad_clip, tcfg.micro_batches, self.device,
-                                     self.ddp.world_size)
+                                     self.ddp.world_size, self.hebbian)
         if self.scaler and self.step_runner.sharded:  # each process would skip steps on its own parts' overflows
             raise ValueError("fp16 with a gradient scaler is not supported with parameters split over processes "
                              "(--memory_shards, --expert_parallel); use --precision bf16 or fp32.")
@@ -370,12 +395,15 @@ class Trainer:
         self.batches = TrainBatches(dataset.books("train"), model_cfg.vocab_size, tcfg.batch_size, self.seq_len,
                                     tcfg.micro_batches, self.ddp.rank, self.ddp.world_size, self.schedule)
         self.states = [None] * tcfg.micro_batches
-        def evaluator(max_batches):
+        # every eval row reports perplexity by training frequency (Rae's thesis, Table 4.2)
+        self.frequency = frequency.FrequencyBuckets.of_dataset(dataset, model_cfg.vocab_size, self.ddp.main)
+
+        def evaluator(max_batches, cache=None):
             return Evaluator(bytes_per_token, model_cfg.vocab_size, self.seq_len, self.device, tcfg.eval_batch_size,
                              max_batches, tcfg.slow_eval_max_windows, self.autocast, self.ddp.rank, self.ddp.world_size,
-                             decode, tcfg.slow_eval, tcfg.slow_eval_last_n)
+                             decode, tcfg.slow_eval, tcfg.slow_eval_last_n, frequency=self.frequency, cache=cache)
 
-        self.evaluator = evaluator(tcfg.eval_max_batches)
+        self.evaluator = evaluator(tcfg.eval_max_batches, neural_cache.settings(tcfg))
         self.progress_evaluator = evaluator(eval_every_max_batches(tcfg))  # the smaller evaluations during training
         self.eval_split = progress_split(dataset.splits)
         self.last_progress = None  # the last evaluation during training (progress_evaluation)
@@ -410,7 +438,8 @@ class Trainer:
                 "rng": checkpoint.rng_state(), "step": self.step, "states": states, "state_dtypes": state_dtypes,
                 "model_config": dataclasses.asdict(self.model_cfg), "total_steps": self.total_steps,
                 "stage_steps": self._stage_steps(),
-                "train_wall_seconds": self.train_seconds, "wall_seconds": dict(self.wall_seconds)}
+                "train_wall_seconds": self.train_seconds, "wall_seconds": dict(self.wall_seconds),
+                "hebbian": self.hebbian.state_dict() if self.hebbian else None}
 
     def _stage_steps(self) -> list[tuple]:
         """(length, steps) of each stage, and its rows per stream where more than one (--stage_batch tokens)."""
@@ -431,6 +460,11 @@ class Trainer:
             states = checkpoint.load_rank_states(self.run_dir, self.ddp.rank, ckpt["step"], self.device)
         else:
             states = checkpoint.unpack_states(ckpt["states"], ckpt.get("state_dtypes"))
+        if (ckpt.get("hebbian") is None) != (self.hebbian is None):
+            raise ValueError(f"The checkpoint in {self.run_dir} was trained with --hebbian_softmax "
+                             f"{str(ckpt.get('hebbian') is not None).lower()}; resume with the same flags.")
+        if self.hebbian:
+            self.hebbian.load_state_dict(ckpt["hebbian"])
         # model-parallel tensors: cut to this layout's parts, or read from the shards folder after the rest
         from_shards = checkpoint.prepare_restore(ckpt, self.model, self.optimizers)
         self.model.load_state_dict(ckpt["model"])

@@ -10,7 +10,10 @@ and the weights of its checkpoint.pt (RUN_DIR is runs/<project>_<config>_<datase
 _seed<seed>, as train.py names it, or its --run_name), and the data is found as in training (--data_root, --tokenizer to
 look elsewhere). Each split and mode evaluated replaces its entry in results.json (created if the run has
 none yet), with the fields training writes: normalised perplexity per byte and per character, top-1 and
-top-10 accuracy, tokens, bytes and characters scored, and for the slow eval its protocol.
+top-10 accuracy, tokens, bytes and characters scored, loss and perplexity by training frequency, and for the
+slow eval its protocol. --eval_cache_size N adds the slow eval with a neural cache (mode slow_cache) beside the
+plain one, from the same forward passes: sweep its --eval_cache_theta and --eval_cache_lambda on a validation
+split, as the thesis does (Appendix B.2).
 """
 import argparse
 import dataclasses
@@ -21,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from languini import checkpoint, datasets, experiment, model_contract, model_parallel, run_folder, tokenizer
+from languini import (checkpoint, datasets, experiment, frequency, model_contract, model_parallel, neural_cache,
+                      run_folder, tokenizer)
 from languini.books import SLOW_EVAL_PROTOCOLS, DataError
 from languini.evaluation import Evaluator, describe_slow_protocol, evaluate_splits
 from languini.flags import Parser
@@ -29,7 +33,7 @@ from languini.trainer import TrainConfig, init_distributed, precision_for, write
 
 RESULTS = "results.json"
 RUN_DEFAULT = "the run's"
-CAPS = ("slow_eval_last_n", "eval_max_batches", "slow_eval_max_windows")  # flags where none is a value
+CAPS = ("slow_eval_last_n", "eval_max_batches", "slow_eval_max_windows", "eval_cache_size")  # none is a value
 
 
 def optional_int(text: str) -> int | None:
@@ -52,6 +56,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help=f"fast eval: batches per split (none: all; default: {RUN_DEFAULT})")
     parser.add_argument("--slow_eval_max_windows", type=optional_int, default=argparse.SUPPRESS,
                         help=f"slow eval: windows per split (none: all; default: {RUN_DEFAULT})")
+    parser.add_argument("--eval_cache_size", type=optional_int, default=argparse.SUPPRESS,
+                        help=f"slow eval: also with a neural cache of this many entries (none: off; default: "
+                             f"{RUN_DEFAULT})")
+    parser.add_argument("--eval_cache_theta", type=float, default=None, help=f"default: {RUN_DEFAULT}")
+    parser.add_argument("--eval_cache_lambda", type=float, default=None, help=f"default: {RUN_DEFAULT}")
     parser.add_argument("--data_root", default=None, help=f"folder holding books_<vocab>/ (default: {RUN_DEFAULT})")
     parser.add_argument("--tokenizer", default=None, help=f"SentencePiece model of the data (default: {RUN_DEFAULT})")
     parser.add_argument("--precision", default=None, help=f"auto, bf16, fp16 or fp32 (default: {RUN_DEFAULT})")
@@ -77,7 +86,8 @@ def run_configs(saved: dict, args: argparse.Namespace) -> tuple[TrainConfig, exp
         return cls(**{k: v for k, v in {**saved, **given}.items() if k in names})
 
     given = {"data_root": args.data_root, "tokenizer": args.tokenizer, "eval_batch_size": args.eval_batch_size,
-             "slow_eval": args.slow_eval, "precision": args.precision}
+             "slow_eval": args.slow_eval, "precision": args.precision, "eval_cache_theta": args.eval_cache_theta,
+             "eval_cache_lambda": args.eval_cache_lambda}
     given = {k: v for k, v in given.items() if v is not None}
     given.update({field: getattr(args, field) for field in CAPS if hasattr(args, field)})
     return fields_of(TrainConfig, given), fields_of(experiment.RunConfig, given)
@@ -123,7 +133,9 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     autocast, _, precision = precision_for(device, tcfg.precision)
     evaluator = Evaluator(torch.from_numpy(tokenizer.bytes_per_token(sp)), model_cfg.vocab_size, model_cfg.seq_len,
                           device, tcfg.eval_batch_size, tcfg.eval_max_batches, tcfg.slow_eval_max_windows, autocast,
-                          ddp.rank, ddp.world_size, sp.decode, tcfg.slow_eval, tcfg.slow_eval_last_n)
+                          ddp.rank, ddp.world_size, sp.decode, tcfg.slow_eval, tcfg.slow_eval_last_n,
+                          frequency=frequency.FrequencyBuckets.of_dataset(dataset, model_cfg.vocab_size, ddp.main),
+                          cache=neural_cache.settings(tcfg))
     modes = ("fast", "slow") if args.mode == "both" else (args.mode,)
     say(f"Evaluating {run['project']}/{run['config']} at step {ckpt['step']} ({precision}) on {', '.join(splits)}"
         + (f"; slow: {describe_slow_protocol(evaluator.slow_protocol_for(stateful))}" if "slow" in modes
@@ -134,8 +146,8 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     if not results:
         results = {"project": run["project"], "config": run["config"], "model_config": ckpt["model_config"],
                    "train_config": experiment.run_record(tcfg, rcfg), "steps": ckpt["step"]}
-    for mode in modes:
-        results.setdefault("eval", {}).setdefault(mode, {}).update(evals["eval"][mode])
+    for mode, rows in evals["eval"].items():
+        results.setdefault("eval", {}).setdefault(mode, {}).update(rows)
     if "memory_stats" in evals:
         results.setdefault("memory_stats", {}).update(evals["memory_stats"])
     write_json(out, results)

@@ -10,7 +10,9 @@ row is of the model a run trains; the row records the model's fingerprint and th
 training steps of an untrained model on random tokens (forward, backward, Adam step, mixed precision),
 reports the median tokens/s after warm-up and the peak memory, prints forward FLOPs at batch 1 and MFU.
 The step timed is the trainer's own: --grad_clip and --micro_batches (train.py's flags, with its defaults)
-make it the step of a run that sets them; with micro-batches the sweep grows the micro-batch.
+make it the step of a run that sets them; with micro-batches the sweep grows the micro-batch. --hebbian_softmax
+true (with --hebbian_limit, --hebbian_min_mix) times the step with the Hebbian Softmax: a row of its own, as a run
+with it is charged at its own throughput.
 With --registry the `measured` row is appended to that CSV (projects/<project>/throughput.csv is the one
 training reads); without it the row is printed, to be added by hand once checked. On a CPU only CPU-sized
 configs are timed (--paper_config_on_cpu true for others), and the row goes to runs/throughput.csv, which
@@ -33,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from languini import flops, throughput
+from languini import flops, hebbian, throughput
 from languini.flags import Parser, add_dataclass_flags, overrides, parse_bool
 from languini.measure import Measurement, measure_batch_size, measured_row
 from languini.plan import cpu_sized
@@ -58,14 +60,15 @@ def _import(project: str, name: str):
         raise SystemExit(f"no module {module_name}: is {project!r} a project under projects/?") from error
 
 
-def load_project(project: str, config: str, model_overrides: dict | None = None):
-    """The project's Model class, the model config (the named one with `model_overrides`) and its ModelSpec."""
+def load_project(project: str, config: str, model_overrides: dict | None = None, step_settings: dict | None = None):
+    """The project's Model class, the model config (the named one with `model_overrides`) and its ModelSpec
+    (trained with `step_settings`, languini.hebbian.settings)."""
     configs = load_configs(project)
     model_module = _import(project, "model")
     if config not in configs.SIZES:
         raise SystemExit(f"{project} has no config {config!r}; choose one of {sorted(configs.SIZES)}")
     model_config = dataclasses.replace(configs.SIZES[config], **(model_overrides or {}))
-    return model_module.Model, model_config, throughput.model_spec(project, config, model_config)
+    return model_module.Model, model_config, throughput.model_spec(project, config, model_config, step_settings)
 
 
 SLOWER_IN_A_ROW = 2  # on a CPU the sweep stops once this many larger batches in a row are slower than the best
@@ -141,6 +144,12 @@ def build_parser(configs=None, first_pass: bool = False) -> argparse.ArgumentPar
     parser.add_argument("--micro_batches", type=int, default=TrainConfig.micro_batches,
                         help="gradient-accumulation steps, as train.py's --micro_batches; the batch size is the "
                              f"global batch (default {TrainConfig.micro_batches})")
+    parser.add_argument("--hebbian_softmax", type=parse_bool, default=False,
+                        help="time the step with the Hebbian Softmax, as train.py's flag (true/false)")
+    parser.add_argument("--hebbian_limit", type=int, default=TrainConfig.hebbian_limit,
+                        help=f"as train.py's (default {TrainConfig.hebbian_limit})")
+    parser.add_argument("--hebbian_min_mix", type=float, default=TrainConfig.hebbian_min_mix,
+                        help=f"as train.py's (default {TrainConfig.hebbian_min_mix})")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--max_batch_size", type=int, default=4096, help="largest batch size the sweep tries")
     parser.add_argument("--paper_config_on_cpu", type=parse_bool, default=False,
@@ -224,12 +233,16 @@ def refuse_multiple_gpus(device: torch.device) -> None:
 
 
 def measure_model(project: str, config: str, model_overrides: dict, args: argparse.Namespace,
-                  device: torch.device, precision: str):
-    """Time one model at one batch size or over the sweep; prints its table, FLOPs and MFU.
+                  device: torch.device, precision: str, with_hebbian: bool = False):
+    """Time one model at one batch size or over the sweep (with_hebbian: with args' Hebbian Softmax); prints its
+    table, FLOPs and MFU.
 
     Returns its ModelSpec, its sequence length, the best Measurement and how many batch sizes fitted.
     """
-    model_class, model_config, spec = load_project(project, config, model_overrides)
+    train_config = TrainConfig(precision=precision, compile=args.compile, grad_clip=args.grad_clip,
+                               micro_batches=args.micro_batches, hebbian_softmax=with_hebbian,
+                               hebbian_limit=args.hebbian_limit, hebbian_min_mix=args.hebbian_min_mix)
+    model_class, model_config, spec = load_project(project, config, model_overrides, hebbian.settings(train_config))
     torch.manual_seed(0)
     model = model_class(model_config).to(device).train()
     hardware = throughput.local_device_name(device)
@@ -238,12 +251,11 @@ def measure_model(project: str, config: str, model_overrides: dict, args: argpar
 
     print(f"{spec} on {hardware}: seq_len {seq_len}, {precision}, "
           f"{'compiled' if args.compile else 'eager'}, torch {torch.__version__}; "
-          f"{args.micro_batches} micro-batch{'es' if args.micro_batches > 1 else ''}, grad_clip {args.grad_clip}; "
+          f"{args.micro_batches} micro-batch{'es' if args.micro_batches > 1 else ''}, grad_clip {args.grad_clip}"
+          f"{', Hebbian Softmax' if with_hebbian else ''}; "
           f"median of {args.steps} steps after {args.warmup} warm-up steps")
     print(f"{'batch size':>10}  {'tokens/s':>12}  {'step ms':>9}  {'peak GiB':>9}")
 
-    train_config = TrainConfig(precision=precision, compile=args.compile, grad_clip=args.grad_clip,
-                               micro_batches=args.micro_batches)
 
     def measure(batch_size: int) -> Measurement:
         result = measure_batch_size(model, model_config, batch_size, device, train_config, args.steps, args.warmup)
@@ -295,7 +307,8 @@ def main(argv=None) -> list[throughput.ThroughputRow]:
         raise SystemExit(str(error)) from error
     reference = baseline_reference(args) if args.derive else None
     model_overrides = overrides(args, load_configs(args.project).ModelConfig)
-    spec, seq_len, best, n_fitted = measure_model(args.project, args.config, model_overrides, args, device, precision)
+    spec, seq_len, best, n_fitted = measure_model(args.project, args.config, model_overrides, args, device, precision,
+                                                  args.hebbian_softmax)
     hardware = throughput.local_device_name(device)
     row = measured_row(spec, hardware, best, seq_len, precision, args.compile,
                        run_note(args, n_fitted, argv))

@@ -167,11 +167,17 @@ def test_memory_statistics_after_an_eval_forward(project):
 
 
 @pytest.mark.parametrize("project", project_params())
-def test_after_step_hook_has_an_output_layer(project):
+def test_output_layer_head_makes_the_logits(project):
+    """The after-step hook, --hebbian_softmax and the neural cache read the inputs of `head` and move its rows."""
     model = cpu_model(project)
-    if not isinstance(model, model_contract.WithAfterStep):
-        pytest.skip(f"{project} has no after-step hook")
-    assert model_contract.output_head(model) is not None
+    head = model_contract.output_head(model)
+    assert head.out_features == model.cfg.vocab_size
+    inputs = []
+    head.register_forward_hook(lambda module, args, output: inputs.append(args[0]))
+    with torch.no_grad():
+        logits = model(tokens(model), None)[0]
+    assert len(inputs) == 1  # one call per forward: its inputs are the hidden states of every position
+    torch.testing.assert_close(logits, torch.nn.functional.linear(inputs[0], head.weight, head.bias))
 
 
 @pytest.mark.parametrize("project", project_params())

@@ -104,7 +104,7 @@ def test_fingerprint_is_sha256_of_the_fields_as_sorted_json():
     assert tp.model_fingerprint(gpt_configs.SIZES["small"]) == "d1805a4a8b6e"
 
 
-@pytest.mark.parametrize("project", ["gpt", "qlstm", "lram_gpt", "pkm_gpt"])
+@pytest.mark.parametrize("project", ["gpt", "qlstm", "lram_gpt", "pkm_gpt", "switch_gpt"])
 def test_fingerprint_changes_with_any_model_field(project):
     configs = importlib.import_module(f"projects.{project}.configs")
     base = configs.SIZES["cpu"]
@@ -116,9 +116,13 @@ def test_fingerprint_changes_with_any_model_field(project):
             return value * 2 + 1
         return 1 if value is None else value + "x"
 
-    prints = {tp.model_fingerprint(replace(base, **{f.name: other(getattr(base, f.name))})) for f in fields(base)}
-    assert len(prints) == len(fields(base)) and tp.model_fingerprint(base) not in prints
+    layout = getattr(configs.ModelConfig, "LAYOUT_FIELDS", ())  # how it is split over processes: not the model
+    model_fields = [f for f in fields(base) if f.name not in layout]
+    prints = {tp.model_fingerprint(replace(base, **{f.name: other(getattr(base, f.name))})) for f in model_fields}
+    assert len(prints) == len(model_fields) and tp.model_fingerprint(base) not in prints
     assert tp.model_fingerprint(replace(base)) == tp.model_fingerprint(base)
+    for name in layout:
+        assert tp.model_fingerprint(replace(base, **{name: 2})) == tp.model_fingerprint(base)
 
 
 def test_fingerprint_reads_whole_floats_as_integers():
@@ -133,8 +137,9 @@ def test_model_flags_are_the_fields_that_differ_from_the_named_config():
     assert spec.flags == "--d_model 512 --n_layers 8"
     assert tp.model_spec("gpt", "cpu").flags == ""
     lram = importlib.import_module("projects.lram_gpt.configs")
-    changed = replace(lram.SIZES["cpu"], memory_layer=1, sparse_values=True, memory_query_norm="batch")
-    assert tp.model_spec("lram_gpt", "cpu", changed).flags == "--memory_layer 1 --memory_query_norm batch --sparse_values true"
+    changed = replace(lram.SIZES["cpu"], memory_layers="1", sparse_values=True, memory_query_norm="batch")
+    assert (tp.model_spec("lram_gpt", "cpu", changed).flags
+            == "--memory_layers 1 --memory_query_norm batch --sparse_values true")
 
 
 def config_of_row(configs, row):
