@@ -5,8 +5,8 @@ from languini.books import BooksDataset
 
 def test_held_out_splits_keep_the_final_evaluation_small(default_corpus_root):
     # The smoke run's final evaluation reads every held-out split fast and slow (windows of 128 moved by 32). The
-    # slowest project on a CPU, lram_gpt, trains its cpu config at 3,867 tokens/s on 2 cores and evaluates at about
-    # 1.5x that (measured): 100,000 positions take it about 17 s, a small part of a 2m class. Three chapters per
+    # slow projects on a CPU, lram_gpt, trained its cpu config at 3,867 tokens/s on 2 cores and evaluated at about
+    # 1.5x that (measured): 100,000 positions took it about 17 s, a small part of a 2m class. Three chapters per
     # held-out book made 170,112.
     ds = BooksDataset(default_corpus_root, default_corpus.VOCAB_SIZE)
     held_out = [s for s in ds.splits if s != "train"]

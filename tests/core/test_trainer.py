@@ -351,14 +351,17 @@ def test_cpu_path_times_a_model_with_another_vocabulary_instead_of_reusing_a_row
     assert "4,096 tokens/s (measured on cpu, " in out and "steps                    20\n" in out  # 40960 / 2048
     main("gpt", configs, Model, argv)  # the next run here (or a resumed one) plans with the row kept
     assert timed == [16384] and "steps                    20\n" in capsys.readouterr().out
-    # On the default corpus the committed row of the cpu config (measured with SDPA attention) is used, and
-    # nothing is timed; the default math attention is another model, timed here.
+    # On the default corpus the committed rows of the cpu config are used (its default math attention, and with
+    # SDPA attention another model with a row of its own), and nothing is timed.
     default_corpus = ["--compute_class", "10s", "--dry_run", "true", "--data_root", str(default_corpus_root),
                       "--out_dir", str(tmp_path / "runs")]
-    main("gpt", configs, Model, default_corpus + ["--attention", "sdpa"])
-    assert timed == [16384] and "24,004 tokens/s (measured on cpu, 2026-11-22)" in capsys.readouterr().out
-    main("gpt", configs, Model, default_corpus)
-    assert timed == [16384, 2048] and "Timing gpt cpu (model" in capsys.readouterr().out
+    committed = {row.model_flags: row for row in throughput.read_registry(throughput.registry_path("gpt"))
+                 if row.config == "cpu" and row.hardware == "cpu"}
+    for flags in ([], ["--attention", "sdpa"]):
+        main("gpt", configs, Model, default_corpus + flags)
+        row = committed[" ".join(flags)]
+        assert timed == [16384] and (f"{row.tokens_per_second:,.0f} tokens/s (measured on cpu, {row.date})"
+                                     in capsys.readouterr().out)
 
 
 def test_a_config_named_cpu_is_timed_on_this_cpu_and_a_paper_config_is_not(default_corpus_root, tmp_path,
