@@ -12,12 +12,13 @@ several calls (--projects qlstm --variants softmax, ..., then all for the table)
 the neural cache (--eval_cache_size), Table 4.1's "+ Cache".
 
 Then it times the training step of each model with and without the rule, alternating (--cost_rounds rounds of
---cost_steps steps), with the CPU's default numerics and with subnormal floats flushed to zero (the rule's rows make
-probabilities so small that they are subnormal, which a CPU computes slowly), prints the ratios and the share of
-the update itself, and the table: per project and rule, the steps trained, the per-token
-perplexity of the --split's targets in each bucket of training frequency (the thesis's > 10K, 1K-10K, 100-1K,
-< 100 occurrences, scaled to the training split's size: languini/frequency.py) and over all, the normalised
-perplexity, and with the cache; then the targets in each bucket. Extra flags after `--` go to every train.py.
+--cost_steps steps), with the CPU's default numerics and with subnormal floats flushed to zero (a suspect: the
+rule's rows make probabilities so small that they may be subnormal, which a CPU computes slowly; on the 2-core CPU
+of languini/README.md flushing recovered little), prints the ratios and the share of the update itself, and the
+table: per project and rule, the steps trained, the per-token perplexity of the --split's targets in each bucket of
+training frequency (the thesis's > 10K, 1K-10K, 100-1K, < 100 occurrences, scaled to the training split's size:
+languini/frequency.py) and over all, the normalised perplexity, and with the cache; then the targets of each
+project in each bucket. Extra flags after `--` go to every train.py.
 """
 import argparse
 import importlib
@@ -135,8 +136,11 @@ def table(results: dict, split: str, mode: str) -> str:
                      + " ".join(f"{_ppl(b['perplexity']):>8}" for b in row["by_frequency"]["buckets"])
                      + f" {_ppl(math.exp(row['loss'])):>8} {row['normalised_perplexity']:>9.4f}"
                      + f" {_ppl(math.exp(cache['loss'])) if cache else '-':>9}")
-    lines.append(f"{'targets':<8} {'':<16} {'':>6} " + " ".join(f"{b['scored_tokens']:>8,}" for b in buckets)
-                 + f" {sum(b['scored_tokens'] for b in buckets):>8,}")
+    for project in dict.fromkeys(p for p, _ in results):  # each project's evaluation scores its own targets
+        counted = next(res for (p, _), res in results.items() if p == project)["eval"][mode][split]["by_frequency"]
+        lines.append(f"{project:<8} {'targets':<16} {'':>6} "
+                     + " ".join(f"{b['scored_tokens']:>8,}" for b in counted["buckets"])
+                     + f" {sum(b['scored_tokens'] for b in counted['buckets']):>8,}")
     lines.append(f"{'ids':<8} {'(vocabulary)':<16} {'':>6} " + " ".join(f"{b['vocab_ids']:>8,}" for b in buckets))
     return "\n".join(lines)
 
