@@ -288,7 +288,7 @@ def lookup(path: Path | str, model: ModelSpec, hardware: str, compiled: bool = F
     other_flags = sorted({r.model_flags for r in rows if r.config == model.config
                           and hardware_matches(r.hardware, hardware) and r.model_fingerprint != model.fingerprint})
     if other_flags:
-        flags = ", ".join(f or "none" for f in other_flags)
+        flags = ", ".join(f or "no flags" for f in other_flags)
         lines.append(f"The rows of '{model.config}' with other model flags ({flags}) are not used: they are of other "
                      "models, and a compute class buys tokens at the throughput of the model trained.")
     lines += [f"Measure it on the {hardware} with", f"    {measure_command(model, path, compiled)}"]

@@ -218,7 +218,7 @@ def test_modified_config_without_its_row_is_refused_with_the_measure_command_and
     assert ("python scripts/measure_throughput.py gpt cpu --d_model 512 --n_layers 8 --sweep --registry "
             f"{tp.display_path(registry)}") in message
     assert "--tokens_per_second" in message
-    assert "rows of 'cpu' with other model flags (--attention sdpa) are not used" in message
+    assert "rows of 'cpu' with other model flags (no flags, --attention sdpa) are not used" in message
 
 
 def test_a_row_measured_with_the_modified_field_is_used(tmp_path):
