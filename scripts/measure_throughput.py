@@ -256,7 +256,6 @@ def measure_model(project: str, config: str, model_overrides: dict, args: argpar
           f"median of {args.steps} steps after {args.warmup} warm-up steps")
     print(f"{'batch size':>10}  {'tokens/s':>12}  {'step ms':>9}  {'peak GiB':>9}")
 
-
     def measure(batch_size: int) -> Measurement:
         result = measure_batch_size(model, model_config, batch_size, device, train_config, args.steps, args.warmup)
         print(format_measurement(result), flush=True)

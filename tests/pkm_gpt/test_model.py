@@ -228,8 +228,6 @@ def test_training_run_end_to_end(default_corpus_root, tmp_path):
         assert 0 <= stats["kl_from_uniform"] <= math.log(configs.get("cpu").pkm_n_keys ** 2)
 
 
-
-
 def test_sparse_values_trainer_step_moves_only_the_rows_read(default_corpus_root, tmp_path):
     # 16^2 = 256 rows, at most 2 sequences * 8 tokens * 2 heads * 3 reads = 96 of them read; two micro-batches
     # add up two sparse gradients before the step.

@@ -45,7 +45,6 @@ def test_experts_split_over_processes_match_one_process():
     run_on_ranks(check, 2)
 
 
-
 def test_bad_expert_parallel_is_refused():
     with pytest.raises(ValueError, match="expert_parallel must be at least 1 and divide n_experts"):
         configs.get("cpu", expert_parallel=3)
