@@ -13,8 +13,8 @@ the neural cache (--eval_cache_size), Table 4.1's "+ Cache".
 
 Then it times the training step of each model with and without the rule, alternating (--cost_rounds rounds of
 --cost_steps steps), with the CPU's default numerics and with subnormal floats flushed to zero (a suspect: the
-rule's rows make probabilities so small that they may be subnormal, which a CPU computes slowly; on the 2-core CPU
-of languini/README.md flushing recovered little), prints the ratios and the share of the update itself, and the
+rule's rows make probabilities so small that they are subnormal, which a CPU computes slowly; the flush reaches
+only the main thread, so it shows only with OMP_NUM_THREADS=1: languini/README.md), prints the ratios and the share of the update itself, and the
 table: per project and rule, the steps trained, the per-token perplexity of the --split's targets in each bucket of
 training frequency (the thesis's > 10K, 1K-10K, 100-1K, < 100 occurrences, scaled to the training split's size:
 languini/frequency.py) and over all, the normalised perplexity, and with the cache; then the targets of each
