@@ -164,11 +164,10 @@ def test_two_processes_talk_and_checkpoints_change_layout(tmp_path):
     run_on_ranks(distributed_checks, 2, whole_dir, split_dir)
 
     assert (split_dir / "checkpoint_shards_previous" / "step").read_text() == "2"
-    # a tool on one process: the parts read back as whole tensors
+    # a tool on one process: the parts read back as whole tensors (stored numbers, no arithmetic: the same bits)
     merged, _ = checkpoint.load(split_dir, torch.device("cpu"))
-    torch.testing.assert_close(merged["model"]["table"], whole.table.detach(), rtol=0, atol=0)
-    torch.testing.assert_close(merged["optimizers"][0]["state"][0]["exp_avg"],
-                               whole_optimizer.state[whole.table]["exp_avg"], rtol=0, atol=0)
+    assert torch.equal(merged["model"]["table"], whole.table.detach())
+    assert torch.equal(merged["optimizers"][0]["state"][0]["exp_avg"], whole_optimizer.state[whole.table]["exp_avg"])
     # the trainer's path on one process: the live whole tensors filled from the parts
     ckpt, _ = checkpoint.load(split_dir, torch.device("cpu"), merge_shards=False)
     assert isinstance(ckpt["model"]["table"], checkpoint.InShards)

@@ -21,7 +21,8 @@ def test_gpt_copy_equals_the_gpt_project():
         copy.load_state_dict(original.state_dict())
         tokens = torch.randint(cfg.vocab_size, (2, 16))
         with torch.no_grad():
-            torch.testing.assert_close(copy(tokens)[0], original(tokens)[0], rtol=0, atol=0)
+            # the same weights through two copies of the code: fp32 tolerance (a kernel may differ by machine)
+            torch.testing.assert_close(copy(tokens)[0], original(tokens)[0], rtol=1e-5, atol=1e-5)
 
 
 def test_cached_generation_equals_the_forward():
