@@ -38,7 +38,8 @@ from languini.flags import Parser, add_dataclass_flags, arg, overrides
 from languini.logs import RunLog
 from languini.plan import CPU_CONFIG, CPU_SUFFIX
 from languini.stop import EXIT_UNFINISHED, StopRequested, StopSignals
-from languini.trainer import NonFiniteLoss, TrainConfig, Trainer, init_distributed, write_json
+from languini.trainer import (NonFiniteLoss, TrainConfig, Trainer, close_distributed, init_distributed,
+                              write_json)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -234,6 +235,7 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     if ddp.main:
         write_json(run_dir / "results.json", results)
         say(f"Wrote {run_dir / 'results.json'}")
+    close_distributed(ddp)
     return results
 
 

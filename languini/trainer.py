@@ -341,6 +341,14 @@ def init_distributed() -> Dist:
     return Dist(dist.get_rank(), world, int(os.environ.get("LOCAL_RANK", "0")))
 
 
+def close_distributed(ddp: Dist) -> None:
+    """Ends the process group of a torchrun run: every process done before any tears its connections down (a gloo
+    process left by the other mid-talk aborts, "terminate called without an active exception")."""
+    if ddp.world_size > 1 and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 class Trainer:
     """Trains one model for `total_steps` steps and evaluates it; the run's records are languini/experiment.py's.
 

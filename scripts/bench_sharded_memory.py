@@ -108,6 +108,7 @@ def worker(rank: int, world: int, args, store: str, out: str) -> None:
         rows = measure(rank, world, args, device)
         if rank == 0:
             Path(out).write_text(json.dumps(rows))
+        dist.barrier()  # no process tears its connections down while another still talks to it (gloo aborts)
     finally:
         dist.destroy_process_group()
 

@@ -29,7 +29,7 @@ from languini import (checkpoint, datasets, experiment, frequency, model_contrac
 from languini.books import SLOW_EVAL_PROTOCOLS, DataError
 from languini.evaluation import Evaluator, describe_slow_protocol, evaluate_splits
 from languini.flags import Parser
-from languini.trainer import TrainConfig, init_distributed, precision_for, write_json
+from languini.trainer import TrainConfig, close_distributed, init_distributed, precision_for, write_json
 
 RESULTS = "results.json"
 RUN_DEFAULT = "the run's"
@@ -141,6 +141,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         + (f"; slow: {describe_slow_protocol(evaluator.slow_protocol_for(stateful))}" if "slow" in modes
            else ""))
     evals = evaluate_splits(evaluator, model, dataset, splits, stateful, modes, say=say)
+    close_distributed(ddp)
     if not ddp.main:
         return None
     if not results:

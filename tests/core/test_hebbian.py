@@ -140,6 +140,7 @@ def _train_data_parallel(rank, world_size, port, corpus, out):
             trainer.train_step(*trainer.batches(step))
         torch.save({"head": trainer.model.head.weight.detach(), "counts": trainer.hebbian.counts},
                    out / f"rank{rank}.pt")
+        dist.barrier()  # no process leaves while another still talks to it
     finally:
         dist.destroy_process_group()
 
