@@ -14,6 +14,12 @@ replaces its row with the mean activation, the lambda = 1 case of section 4.2.1.
 number of occurrences after which a class learns by gradient descent alone, gamma (--hebbian_min_mix) the least
 mixing weight. Rows of classes not seen, or past T, keep the optimiser's values bit for bit.
 
+--hebbian_scale rows is this kitchen's adaptation, not the thesis's rule: the memorised activation takes the
+mean norm of the layer's rows before it mixes (w* = mean(h) * mean_k |theta_hat[k]| / |mean(h)|). The thesis
+finds the activations' norm "not too large or small, in comparison to the model parameters" (section 4.3.4) for
+its LSTM; the final LayerNorm of a small, briefly trained model gives activations about 20 times the norm of its
+trained rows, so a row set to an activation outscores every trained row (languini/README.md measures both).
+
 Under data parallelism every process applies the same update: the per-class counts and the sums of the
 activations are summed over the processes first. A tied input embedding is the same tensor, so it moves too.
 """
@@ -28,6 +34,8 @@ from languini import model_contract
 # was T = 500, gamma = 0.25).
 DEFAULT_LIMIT = 500
 DEFAULT_MIN_MIX = 0.1
+# what a class's row mixes with: the mean activation as it is (the thesis's w* = h) or rescaled to the rows' norm
+SCALES = ("activation", "rows")
 
 
 def mixing_weights(counts: torch.Tensor, limit: int, min_mix: float) -> torch.Tensor:
@@ -40,11 +48,13 @@ class HebbianSoftmax:
     """The update of one output-layer weight (vocab, width) and its class counters, which checkpoints keep."""
 
     def __init__(self, weight: torch.nn.Parameter, limit: int = DEFAULT_LIMIT, min_mix: float = DEFAULT_MIN_MIX,
-                 world_size: int = 1):
+                 world_size: int = 1, scale: str = "activation"):
         if limit < 0 or not 0 <= min_mix <= 1:
             raise ValueError(f"--hebbian_limit must be at least 0 and --hebbian_min_mix in [0, 1], got {limit} and "
                              f"{min_mix}.")
-        self.weight, self.limit, self.min_mix, self.world_size = weight, limit, min_mix, world_size
+        if scale not in SCALES:
+            raise ValueError(f"--hebbian_scale must be one of {', '.join(SCALES)}, got {scale!r}.")
+        self.weight, self.limit, self.min_mix, self.world_size, self.scale = weight, limit, min_mix, world_size, scale
         self.counts = torch.zeros(weight.shape[0], dtype=torch.int64, device=weight.device)
 
     @torch.no_grad()
@@ -67,6 +77,9 @@ class HebbianSoftmax:
             if self.world_size > 1:
                 dist.all_reduce(sums)
             mean = sums / step_counts[mixing].unsqueeze(1)
+            if self.scale == "rows":  # the rows' mean norm after the optimiser step (a zero mean stays zero)
+                norm = mean.norm(dim=1, keepdim=True)
+                mean = mean * (self.weight.float().norm(dim=1).mean() / torch.where(norm > 0, norm, 1.0))
             lam = mixing_weights(self.counts[mixing], self.limit, self.min_mix).unsqueeze(1)
             rows = lam * mean + (1 - lam) * self.weight[mixing].float()
             # into the parameter itself: an in-place op on `weight[mask]` would change a copy and leave the layer
@@ -74,18 +87,19 @@ class HebbianSoftmax:
         self.counts += step_counts
 
     def state_dict(self) -> dict:
-        return {"counts": self.counts.cpu(), "limit": self.limit, "min_mix": self.min_mix}
+        return {"counts": self.counts.cpu(), "limit": self.limit, "min_mix": self.min_mix, "scale": self.scale}
 
     def load_state_dict(self, state: dict) -> None:
-        if (state["limit"], state["min_mix"]) != (self.limit, self.min_mix):
-            raise ValueError(f"The checkpoint's Hebbian Softmax has --hebbian_limit {state['limit']} and "
-                             f"--hebbian_min_mix {state['min_mix']}; resume with the same flags.")
+        saved = (state["limit"], state["min_mix"], state.get("scale", "activation"))
+        if saved != (self.limit, self.min_mix, self.scale):
+            raise ValueError(f"The checkpoint's Hebbian Softmax has --hebbian_limit {saved[0]}, --hebbian_min_mix "
+                             f"{saved[1]} and --hebbian_scale {saved[2]}; resume with the same flags.")
         self.counts.copy_(state["counts"])
 
     def summary(self) -> dict:
         """For results.json: the settings and how many classes mix still, have stopped, were never seen."""
         seen = self.counts > 0
-        return {"limit": self.limit, "min_mix": self.min_mix, "classes": self.counts.numel(),
+        return {"limit": self.limit, "min_mix": self.min_mix, "scale": self.scale, "classes": self.counts.numel(),
                 "classes_seen": int(seen.sum()), "classes_mixing": int((seen & (self.counts < self.limit)).sum()),
                 "classes_past_limit": int((self.counts >= self.limit).sum())}
 
@@ -95,7 +109,10 @@ def settings(tcfg) -> dict:
     else {}: what a run's ModelSpec adds to its model's fields."""
     if not tcfg.hebbian_softmax:
         return {}
-    return {"hebbian_softmax": True, "hebbian_limit": tcfg.hebbian_limit, "hebbian_min_mix": tcfg.hebbian_min_mix}
+    flags = {"hebbian_softmax": True, "hebbian_limit": tcfg.hebbian_limit, "hebbian_min_mix": tcfg.hebbian_min_mix}
+    if tcfg.hebbian_scale != "activation":  # the thesis's rule keeps the rows it was timed with
+        flags["hebbian_scale"] = tcfg.hebbian_scale
+    return flags
 
 
 def for_run(model: torch.nn.Module, tcfg, world_size: int = 1) -> HebbianSoftmax | None:
@@ -103,4 +120,4 @@ def for_run(model: torch.nn.Module, tcfg, world_size: int = 1) -> HebbianSoftmax
     if not tcfg.hebbian_softmax:
         return None
     head = model_contract.output_head(model, "--hebbian_softmax")
-    return HebbianSoftmax(head.weight, tcfg.hebbian_limit, tcfg.hebbian_min_mix, world_size)
+    return HebbianSoftmax(head.weight, tcfg.hebbian_limit, tcfg.hebbian_min_mix, world_size, tcfg.hebbian_scale)

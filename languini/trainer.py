@@ -99,6 +99,10 @@ class TrainConfig:
     hebbian_min_mix: float = arg(hebbian.DEFAULT_MIN_MIX, "Hebbian Softmax gamma: the least mixing weight, "
                                                           "lambda = max(1/count, gamma) (thesis: 0.1 on Gutenberg, "
                                                           "0.25 on WikiText-103)")
+    hebbian_scale: str = arg("activation", "Hebbian Softmax: what a row mixes with, the mean activation as it is (the "
+                                           "thesis) or rescaled to the mean norm of the layer's rows (rows: this "
+                                           "kitchen's adaptation for activations much larger than trained rows)",
+                             choices=hebbian.SCALES)
     eval_cache_size: int | None = arg(None, "neural cache (Grave et al. 2016) in the slow evaluation: the last N "
                                             "output-layer inputs of the stream, reported as mode slow_cache beside "
                                             "the plain slow eval (None: off; the thesis: 10000)")

@@ -4,9 +4,11 @@ projects at one compute class, with and without the rule; and what the rule cost
     python scripts/prepare_books.py ../shared/data/pgbooks --out data/pgbooks      # once
     python scripts/bench_hebbian.py --data_root data/pgbooks --compute_class 2m     # qlstm and gpt, both ways
 
-Trains each project's CPU config (`--config cpu`, or a GPU config with --config) with `train.py`, plain and with
-`--hebbian_softmax true`, each charged its own throughput for the same --compute_class (on a CPU each is timed
-before its first run, so the rule's cost is charged), in runs named hebbian_bench_<project>_<softmax|hebbian>_<class>
+Trains each project's CPU config (`--config cpu`, or a GPU config with --config) with `train.py`: plain, with
+`--hebbian_softmax true` (the thesis's rule) and with `--hebbian_scale rows` as well (this kitchen's adaptation:
+languini/hebbian.py), each charged its own throughput for the same --compute_class (on a CPU each is timed
+before its first run, so the rule's cost is charged), in runs named
+hebbian_bench_<project>_<softmax|hebbian|hebbian_rows>_<class>
 under --out_dir; finished runs are reused, stopped ones continued (--resume auto), so the work can be split over
 several calls (--projects qlstm --variants softmax, ..., then all for the table). The slow evaluation also runs with
 the neural cache (--eval_cache_size), Table 4.1's "+ Cache".
@@ -14,8 +16,10 @@ the neural cache (--eval_cache_size), Table 4.1's "+ Cache".
 Then it times the training step of each model with and without the rule, alternating (--cost_rounds rounds of
 --cost_steps steps), with the CPU's default numerics and with subnormal floats flushed to zero (a suspect: the
 rule's rows make probabilities so small that they are subnormal, which a CPU computes slowly; the flush reaches
-only the main thread, so it shows only with OMP_NUM_THREADS=1: languini/README.md), prints the ratios and the share of the update itself, and the
-table: per project and rule, the steps trained, the per-token perplexity of the --split's targets in each bucket of
+only the main thread, so it shows only with OMP_NUM_THREADS=1: languini/README.md), prints the ratios and the
+share of the update itself. Last, every run reads the same --eval_windows windows of --split again
+(scripts/evaluate.py; a run's own evaluation is sized to its class time, so runs of other speeds read different
+text), and the table: per project and rule, the steps trained, the per-token perplexity of those targets in each bucket of
 training frequency (the thesis's > 10K, 1K-10K, 100-1K, < 100 occurrences, scaled to the training split's size:
 languini/frequency.py) and over all, the normalised perplexity, and with the cache; then the targets of each
 project in each bucket. Extra flags after `--` go to every train.py.
@@ -40,7 +44,9 @@ from languini import hebbian, measure  # noqa: E402
 from languini.flags import Parser  # noqa: E402
 from languini.trainer import TrainConfig  # noqa: E402
 
-VARIANTS = {"softmax": [], "hebbian": ["--hebbian_softmax", "true"]}
+VARIANTS = {"softmax": [], "hebbian": ["--hebbian_softmax", "true"],
+            "hebbian_rows": ["--hebbian_softmax", "true", "--hebbian_scale", "rows"]}
+RULES = {"softmax": "softmax", "hebbian": "hebbian softmax", "hebbian_rows": "hebbian, rows"}
 TRAIN_FLAGS = ["--eval_max_batches", "50", "--slow_eval_max_windows", "1000", "--eval_cache_size", "10000"]
 
 
@@ -55,6 +61,9 @@ def parse_args(argv=None):
     parser.add_argument("--split", default="test", help="the split of the table (default test)")
     parser.add_argument("--mode", default="slow", choices=("slow", "fast"), help="the evaluation of the table")
     parser.add_argument("--out_dir", default="runs", help="where the runs go (default runs)")
+    parser.add_argument("--eval_windows", type=int, default=300,
+                        help="the table's evaluation: this many windows (slow) or batches (fast) of --split, the "
+                             "same text for every run (each run's own evaluation is sized to its class time)")
     parser.add_argument("--cost_rounds", type=int, default=3, help="alternating timings of each step (0: none)")
     parser.add_argument("--cost_steps", type=int, default=10, help="timed steps per timing")
     parser.add_argument("train_flags", nargs="*", help=f"after --: flags for every train.py (default "
@@ -75,6 +84,20 @@ def train(project: str, variant: str, args) -> dict:
     print("$ " + " ".join(command[1:]), flush=True)
     subprocess.run(command, check=True, cwd=REPO)
     return json.loads((Path(args.out_dir) / name / "results.json").read_text())
+
+
+def evaluate(project: str, variant: str, args) -> dict:
+    """The run's --split evaluated again on the same text as every other run's (--eval_windows), with the neural
+    cache in the slow mode; kept beside the run (bench_<split>_<mode>_<windows>.json) and reused."""
+    run_dir = Path(args.out_dir) / run_name(project, variant, args.compute_class)
+    out = run_dir / f"bench_{args.split}_{args.mode}_{args.eval_windows}.json"
+    if not out.exists():
+        cap = "--slow_eval_max_windows" if args.mode == "slow" else "--eval_max_batches"
+        command = [sys.executable, str(REPO / "scripts" / "evaluate.py"), str(run_dir), "--split", args.split,
+                   "--mode", args.mode, cap, str(args.eval_windows), "--eval_cache_size", "10000", "--out", str(out)]
+        print("$ " + " ".join(command[1:]), flush=True)
+        subprocess.run(command, check=True, cwd=REPO)
+    return json.loads(out.read_text())
 
 
 def step_cost(project: str, results: dict, rounds: int, steps: int, flush_denormal: bool) -> dict:
@@ -131,7 +154,7 @@ def table(results: dict, split: str, mode: str) -> str:
     for (project, variant), res in results.items():
         row = res["eval"][mode][split]
         cache = res["eval"].get(f"{mode}_cache", {}).get(split)
-        rule = "hebbian softmax" if variant == "hebbian" else "softmax"
+        rule = RULES[variant]
         lines.append(f"{project:<8} {rule:<16} {res['steps']:>6} "
                      + " ".join(f"{_ppl(b['perplexity']):>8}" for b in row["by_frequency"]["buckets"])
                      + f" {_ppl(math.exp(row['loss'])):>8} {row['normalised_perplexity']:>9.4f}"
@@ -164,7 +187,8 @@ def main(argv=None):
                       f"({cost['hebbian'] / cost['plain']:.3f}); the update itself: {cost['update_share']:.2%} "
                       "of the rule's step", flush=True)
     print()
-    print(table(results, args.split, args.mode))
+    evaluated = {key: {**evaluate(*key, args), "steps": res["steps"]} for key, res in results.items()}
+    print(table(evaluated, args.split, args.mode))
     return results
 
 

@@ -93,6 +93,24 @@ def test_update_by_hand_through_a_trainer_step_with_adam(tied):
         assert model.emb.weight is model.head.weight
 
 
+def test_rows_scale_by_hand():
+    # --hebbian_scale rows: the class's mean activation takes the mean norm of the rows, (3 + 0 + 5 + 0) / 4 = 2
+    weight = torch.nn.Parameter(torch.tensor([[3.0, 0, 0], [0, 0, 0], [0, 3, 4], [0, 0, 0]]))
+    rule = hebbian.HebbianSoftmax(weight, limit=10, min_mix=0.5, scale="rows")
+    rule.counts[2] = 3  # lambda = max(1/3, 0.5) = 0.5; classes 0 and 1 are first seen, lambda 1
+    hidden = torch.tensor([[2.0, 0, 0], [0, 2, 0], [1, 0, 0], [-1, 0, 0], [0, 0, -7], [5, 5, 5]])
+    rule.update(hidden, torch.tensor([0, 0, 1, 1, 2, 3]))
+    root2 = 2 ** 0.5
+    expected = torch.tensor([[root2, root2, 0],  # mean (1, 1, 0) of norm sqrt(2), scaled to 2
+                             [0, 0, 0],  # a zero mean stays zero
+                             [0, 1.5, 1],  # 0.5 * (0, 0, -2) + 0.5 * (0, 3, 4)
+                             [2 / 3 ** 0.5] * 3])
+    torch.testing.assert_close(weight.detach(), expected)
+    assert rule.counts.tolist() == [2, 2, 4, 1]
+    with pytest.raises(ValueError, match="--hebbian_scale must be one of activation, rows"):
+        hebbian.HebbianSoftmax(weight, scale="norm")
+
+
 def test_mixing_weights_follow_equation_4_3():
     counts = torch.tensor([0, 1, 2, 3, 9, 10, 11, 500])
     lam = hebbian.mixing_weights(counts, limit=10, min_mix=0.25)
