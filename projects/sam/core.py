@@ -191,7 +191,11 @@ class MemoryCore(nn.Module):
         state.update(h=h, c=c, read=read)
         y = self.output(torch.cat([torch.stack(hs, 1), torch.stack(reads, 1)], -1))
         if self.kind in SPARSE:
-            y = y + context["tape"].token  # a zero: the loss reaches every step's backward (memory.py)
+            # a zero: the loss reaches every step's backward (memory.py). The tape forgets it: every step's ctx
+            # holds the tape, so a token kept there would close a cycle (graph -> ctx -> tape -> token -> graph)
+            # that Python's collector cannot free, and each training step's graph would stay in memory.
+            token, context["tape"].token = context["tape"].token, None
+            y = y + token
         return y, state
 
     def _heads(self, interface: torch.Tensor):
