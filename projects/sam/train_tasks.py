@@ -159,7 +159,13 @@ def plot(results, path, task):
     for r in results:
         if r["curve"]:
             seconds, _, _, cost = zip(*r["curve"])
-            ax.plot(seconds, cost, label=f"{r['kind']} (eval {r['eval_errors']:.2f} bit errors/seq)")
+            line, = ax.plot(seconds, cost, label=f"{r['kind']} (eval {r['eval_errors']:.2f} bit errors/seq)")
+            # where the curriculum raised its bound: the cost jumps there
+            for (_, _, before, _), (second, _, after, _) in zip(r["curve"], r["curve"][1:]):
+                if after != before:
+                    ax.axvline(second, color=line.get_color(), linestyle=":", alpha=0.6)
+                    ax.annotate(f"<= {after}", (second, 1), xycoords=("data", "axes fraction"), va="top",
+                                fontsize=8, color=line.get_color())
     ax.set_xlabel("CPU seconds (one thread)")
     ax.set_ylabel("training cost per sequence (bits)")
     ax.set_yscale("log")
