@@ -76,7 +76,7 @@ def test_training_script_records_curves_and_evaluates(tmp_path, capsys):
     assert len(result["curve"]) == 2 and result["sequences"] == 32
     assert result["min_level"] == 2 and all(point[2] == 2 for point in result["curve"])  # the curriculum's start
     assert result["eval_cost"] > 0 and 0 <= result["eval_errors"] <= 8
-    train_tasks.main(["--task", "copy", "--models", "lstm", "--cpu_seconds", "0.5", "--log_every", "1",
+    train_tasks.main(["--task", "copy", "--models", "lstm", "--cpu_seconds", "0.2", "--log_every", "1",
                       "--eval_batches", "1", "--out", str(tmp_path / "c.json"), "--plot", str(tmp_path / "c.png")])
     assert "cost/seq" in capsys.readouterr().out and (tmp_path / "c.png").exists()
     train_tasks.main(["--task", "copy", "--from_json", str(tmp_path / "c.json"), "--plot", str(tmp_path / "d.png")])
