@@ -27,6 +27,8 @@ class MemoryConfig:
     nlist: int = arg(0, "FAISS inverted lists; 0: round(sqrt(words))")
     nprobe: int = arg(4, "FAISS lists searched per query")
     topk_impl: str | None = arg(None, "the exact search: naive or triton; none: triton on CUDA, naive on CPU")
+    initial_strength: float | None = arg(None, "the read strength beta of every head at initialisation (> 1; "
+                                         "none: the interface's random bias, beta about 1.7)")
 
 @dataclass
 class ModelConfig(MemoryConfig):

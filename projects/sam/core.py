@@ -46,6 +46,8 @@ def check_memory_config(cfg) -> None:
             raise ValueError("heads, word_size, k and k_links must be positive")
         if cfg.words < max(cfg.k, cfg.heads) + 1:
             raise ValueError(f"a memory of {cfg.words} words is too small for k={cfg.k} and {cfg.heads} heads")
+    if cfg.initial_strength is not None and cfg.initial_strength <= 1:
+        raise ValueError(f"initial_strength must exceed 1 (beta = 1 + softplus), not {cfg.initial_strength}")
     if not 0 <= cfg.delta < 1 or not 0 <= cfg.usage_discount <= 1:
         raise ValueError("delta must be in [0, 1) and usage_discount in [0, 1]")
 
@@ -93,7 +95,7 @@ class Controller(nn.Module):
 class MemoryCore(nn.Module):
     """x (B, T, input_size), state -> (y (B, T, output_size), state). cfg: any object with the fields of
     configs.MemoryConfig (kind, hidden, heads, word_size, words, k, k_links, delta, usage_discount, index,
-    nlist, nprobe, topk_impl)."""
+    nlist, nprobe, topk_impl, initial_strength)."""
 
     def __init__(self, cfg, input_size: int, output_size: int):
         super().__init__()
@@ -105,6 +107,10 @@ class MemoryCore(nn.Module):
         if self.read_size:
             self.per_head = 2 * cfg.word_size + 3 + (3 if cfg.kind in LINKED else 0)
             self.interface = nn.Linear(cfg.hidden, cfg.heads * self.per_head)
+            if cfg.initial_strength is not None:  # beta = 1 + softplus(bias): the bias that gives it
+                with torch.no_grad():
+                    bias = self.interface.bias.view(cfg.heads, self.per_head)
+                    bias[:, 2 * cfg.word_size] = float(torch.tensor(cfg.initial_strength - 1.0).expm1().log())
         self.output = nn.Linear(cfg.hidden + self.read_size, output_size)
         self.gradient_buffers = GradientBuffers()
         self.faiss_indexes = {}  # index id -> FaissIndex, for the states this core has seen
@@ -185,7 +191,11 @@ class MemoryCore(nn.Module):
         state.update(h=h, c=c, read=read)
         y = self.output(torch.cat([torch.stack(hs, 1), torch.stack(reads, 1)], -1))
         if self.kind in SPARSE:
-            y = y + context["tape"].token  # a zero: the loss reaches every step's backward (memory.py)
+            # a zero: the loss reaches every step's backward (memory.py). The tape forgets it: every step's ctx
+            # holds the tape, so a token kept there would close a cycle (graph -> ctx -> tape -> token -> graph)
+            # that Python's collector cannot free, and each training step's graph would stay in memory.
+            token, context["tape"].token = context["tape"].token, None
+            y = y + token
         return y, state
 
     def _heads(self, interface: torch.Tensor):

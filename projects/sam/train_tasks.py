@@ -31,10 +31,11 @@ OPTIMIZERS = ("rmsprop", "adam")
 def train(task: str, kind: str, cpu_seconds: float, seed: int = 0, batch: int = 8, lr: float = 1e-3,
           optimizer: str = "rmsprop", curriculum: bool = False, threshold: float | None = None, log_every: int = 25,
           eval_batches: int = 20, bits: int = 8, clip: float = 10.0, max_batches: int | None = None,
-          wall_seconds: float | None = None, say=None, **memory) -> dict:
+          wall_seconds: float | None = None, min_level: int | None = None, say=None, **memory) -> dict:
     """Train one model for cpu_seconds of CPU time (or max_batches, or wall_seconds of wall time, whichever ends
     first); returns its curve ([cpu seconds, sequences, level bound, cost per sequence]) and the final
-    evaluation. say(text): where the curve's points go as they come."""
+    evaluation. min_level: the smallest episode size trained on (default the task's, e.g. 3 pairs for recall);
+    the curriculum starts there. say(text): where the curve's points go as they come."""
     torch.manual_seed(seed)
     task_spec = tasks.spec(task, bits)
     cfg = replace(MemoryConfig(), kind=kind, **memory)
@@ -45,6 +46,9 @@ def train(task: str, kind: str, cpu_seconds: float, seed: int = 0, batch: int = 
                  else torch.optim.Adam(model.parameters(), lr=lr))
     generator = torch.Generator().manual_seed(seed + 1)
     low, high = task_spec.levels
+    low = low if min_level is None else min_level
+    if not 1 <= low <= high:
+        raise ValueError(f"min_level must be in [1, {high}], not {min_level}")
     # the curriculum's threshold: a cost per sequence of about a quarter of a bit per scored vector of the easiest
     # level, unless given
     schedule = tasks.Curriculum(low, high, threshold or 0.25 * bits * (low if task == "copy" else 1),
@@ -70,6 +74,7 @@ def train(task: str, kind: str, cpu_seconds: float, seed: int = 0, batch: int = 
                 say(f"  {curve[-1][0]:7.1f} cpu s  {sequences:7d} sequences  level <= {schedule.h:3d}  "
                     f"cost/sequence {curve[-1][3]:8.3f} bits")
     return {"task": task, "kind": kind, "optimizer": type(optimizer).__name__, "lr": lr, "curriculum": curriculum,
+            "min_level": low, "initial_strength": cfg.initial_strength,
             "cpu_seconds": round(time.process_time() - start, 1), "sequences": sequences,
             "level": schedule.h, "curve": curve, **evaluate(model, task, batch, eval_batches, seed + 2, bits)}
 
@@ -99,6 +104,12 @@ def main(argv=None):
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="rmsprop")
     parser.add_argument("--wall_seconds", type=float, default=None, help="also stop each model after this wall time")
     parser.add_argument("--curriculum", type=lambda v: v.lower() in ("1", "true", "yes"), default=False)
+    parser.add_argument("--min_level", type=int, default=None,
+                        help="smallest episode size trained on, where the curriculum starts (default the task's: "
+                             "copy 1, recall 3 pairs, sort 20); evaluation is over the task's whole range")
+    parser.add_argument("--initial_strength", type=float, default=None,
+                        help="every head's read strength beta at initialisation (default: about 1.7, the "
+                             "interface's random bias)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log_every", type=int, default=25, help="minibatches between points of the curve")
     parser.add_argument("--eval_batches", type=int, default=20)
@@ -117,7 +128,9 @@ def main(argv=None):
         print(f"training {kind} on {args.task} for {args.cpu_seconds:.0f} CPU seconds...", flush=True)
         result = train(args.task, kind, args.cpu_seconds, seed=args.seed, lr=args.lr, optimizer=args.optimizer,
                        curriculum=args.curriculum, log_every=args.log_every, eval_batches=args.eval_batches,
-                       wall_seconds=args.wall_seconds, say=lambda text: print(text, flush=True), words=args.words)
+                       wall_seconds=args.wall_seconds, min_level=args.min_level,
+                       say=lambda text: print(text, flush=True), words=args.words,
+                       initial_strength=args.initial_strength)
         results.append(result)
     report(results, args.task)
     out = args.out or f"sam_{args.task}.json"
@@ -146,7 +159,13 @@ def plot(results, path, task):
     for r in results:
         if r["curve"]:
             seconds, _, _, cost = zip(*r["curve"])
-            ax.plot(seconds, cost, label=f"{r['kind']} (eval {r['eval_errors']:.2f} bit errors/seq)")
+            line, = ax.plot(seconds, cost, label=f"{r['kind']} (eval {r['eval_errors']:.2f} bit errors/seq)")
+            # where the curriculum raised its bound: the cost jumps there
+            for (_, _, before, _), (second, _, after, _) in zip(r["curve"], r["curve"][1:]):
+                if after != before:
+                    ax.axvline(second, color=line.get_color(), linestyle=":", alpha=0.6)
+                    ax.annotate(f"<= {after}", (second, 1), xycoords=("data", "axes fraction"), va="top",
+                                fontsize=8, color=line.get_color())
     ax.set_xlabel("CPU seconds (one thread)")
     ax.set_ylabel("training cost per sequence (bits)")
     ax.set_yscale("log")

@@ -6,10 +6,14 @@
 - the memory during the backward, against copies taken during the forward (the rollback of 3.2.6), and after
   it, against the forward's final memory (the writes are redone).
 """
+import gc
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from projects.sam import core as core_module
 from projects.sam import links, usage
 from projects.sam.configs import MemoryConfig
 from projects.sam.core import MemoryCore
@@ -166,6 +170,27 @@ def test_training_twice_from_the_same_memory_gives_the_same_gradients(kind):
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)  # fp32 gradients of the same computation
     assert torch.equal(state["memory"], copy["memory"])
+
+
+@pytest.mark.parametrize("kind", ["sam", "sdnc"])
+def test_a_training_step_frees_its_graph(kind, monkeypatch):
+    """Once the loss and outputs are dropped, nothing of a forward and backward stays alive: the tape (which every
+    step's autograd node holds) is freed. A tape holding the graph's last token closed a cycle through C++ nodes
+    that no collector frees, and training grew by about 0.9 MiB per minibatch (two recall runs: 13 and 10 GB after about 370 CPU seconds)."""
+    tapes = []
+
+    class RecordedTape(Tape):
+        def __init__(self, *args):
+            super().__init__(*args)
+            tapes.append(weakref.ref(self))
+
+    monkeypatch.setattr(core_module, "Tape", RecordedTape)
+    core = MemoryCore(MemoryConfig(kind=kind, hidden=8, heads=2, word_size=4, words=16, k=2), 3, 2)
+    y, state = core(torch.randn(2, 6, 3))
+    y.square().sum().backward()
+    del y, state
+    gc.collect()
+    assert len(tapes) == 1 and tapes[0]() is None
 
 
 @pytest.mark.parametrize("kind", ["sam", "sdnc"])

@@ -1,4 +1,5 @@
 """The NTM task generators (tasks.py) against hand-worked episodes, and the curriculum's doubling."""
+import pytest
 import torch
 
 from projects.sam import tasks
@@ -71,11 +72,28 @@ def test_training_script_records_curves_and_evaluates(tmp_path, capsys):
     from projects.sam import train_tasks
 
     result = train_tasks.train("recall", "sam", cpu_seconds=60, max_batches=4, log_every=2, eval_batches=1,
-                               words=16, hidden=16, heads=1)
+                               words=16, hidden=16, heads=1, curriculum=True, min_level=2, initial_strength=11.0)
     assert len(result["curve"]) == 2 and result["sequences"] == 32
+    assert result["min_level"] == 2 and all(point[2] == 2 for point in result["curve"])  # the curriculum's start
     assert result["eval_cost"] > 0 and 0 <= result["eval_errors"] <= 8
-    train_tasks.main(["--task", "copy", "--models", "lstm", "--cpu_seconds", "0.5", "--log_every", "1",
+    train_tasks.main(["--task", "copy", "--models", "lstm", "--cpu_seconds", "0.2", "--log_every", "1",
                       "--eval_batches", "1", "--out", str(tmp_path / "c.json"), "--plot", str(tmp_path / "c.png")])
     assert "cost/seq" in capsys.readouterr().out and (tmp_path / "c.png").exists()
     train_tasks.main(["--task", "copy", "--from_json", str(tmp_path / "c.json"), "--plot", str(tmp_path / "d.png")])
     assert "bit errors/seq" in capsys.readouterr().out and (tmp_path / "d.png").exists()
+
+
+def test_initial_read_strength():
+    """beta = 1 + softplus(the interface's output): a controller output of zero gives the configured strength
+    (by hand: 1 + log(1 + (e^10 - 1)) = 11) in every head; strengths of 1 or less cannot be reached."""
+    from projects.sam.configs import MemoryConfig
+    from projects.sam.core import MemoryCore
+
+    core = MemoryCore(MemoryConfig(kind="sam", hidden=8, heads=3, word_size=4, words=16, initial_strength=11.0), 3, 2)
+    _, strength, *_ = core._heads(core.interface(torch.zeros(1, 8)))
+    torch.testing.assert_close(strength, torch.full((1, 3), 11.0))
+    with pytest.raises(ValueError, match="initial_strength"):
+        MemoryCore(MemoryConfig(kind="sam", words=16, initial_strength=1.0), 3, 2)
+    with pytest.raises(ValueError, match="min_level"):
+        from projects.sam import train_tasks
+        train_tasks.train("recall", "sam", cpu_seconds=1, max_batches=1, min_level=7, words=16, hidden=8)
