@@ -27,10 +27,11 @@ gathers the k rows once for a_k = g . v_k and returns
     dL/ds   = sum_k u_k^4 a_k
     dL/dv_k += s u_k^4 g                             by relaxed atomics ("atomic"), or without per-entry atomics
                                                      ("segment"): entries sorted by int32 memory index, each
-                                                     block of 32 sorted entries sums its runs at once (a
-                                                     segmented scan) and stores them, runs cut by a block's
-                                                     edge are added atomically. No host synchronisation on
-                                                     the dense path.
+                                                     block of 32 sorted entries is cut in 2 stretches of 16
+                                                     that a half-warp each sums in order (one pass over the
+                                                     runs, no value crossing lanes) and stores, runs cut by a
+                                                     stretch's edge are added atomically. No host
+                                                     synchronisation on the dense path.
 With sparse=True the value gradient is a sparse COO tensor of the rows read (the segment sums written
 compactly; the number of rows read is the one host synchronisation of that path).
 scripts/kernel_cost.py prints what each kernel costs per lookup (projects/lram_gpt/kernel_cost.csv).
@@ -53,7 +54,8 @@ from projects.lram_gpt.lattice import (
 
 HEAD_INPUTS = 2 * DIM
 POINTS_PAD = 256  # the 232 points padded to 32 lanes x 8
-SEGMENT_BLOCK = 32  # sorted (row, slot) entries per program of the segment sums, summed in order
+SEGMENT_BLOCK = 32  # sorted (row, slot) entries per program of the segment sums
+SEGMENT_GROUPS = 2  # stretches of consecutive entries a program sums side by side, each in order
 # Registers per thread: a one-warp program at 64 lets an SM hold 32 of them (its most), 50% occupancy (sm_80,
 # sm_90). ptxas meets the cap without spilling (scripts/kernel_cost.py counts LDL/STL) for theta's forward and
 # every backward; the forward from lattice coordinates (interpolate_triton, lookup_triton) goes uncapped.
@@ -368,46 +370,49 @@ def lram_lookup_bwd_kernel(
 
 
 @triton.jit
-def _segmented_add(value_a, start_a, value_b, start_b):
-    """The combine of a segmented sum: b's run began at or after a's end, so it does not add a."""
-    return tl.where(start_b != 0, value_b, value_a + value_b), start_a | start_b
-
-
-@triton.jit
 def lram_lookup_segment_sum_kernel(
     sorted_index_ptr, order_ptr, slot_weight_ptr, grad_out_ptr, target_ptr, grad_values_ptr, n_entries,
-    M: tl.constexpr, M_PAD: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr, COMPACT: tl.constexpr,
+    M: tl.constexpr, M_PAD: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr, GROUPS: tl.constexpr,
+    COMPACT: tl.constexpr, EVEN: tl.constexpr, WIDE: tl.constexpr,
 ):
     """Sums s u^4 g over the runs of equal memory index in one block of the sorted (row, slot) entries, in one
-    pass: the block's [BLOCK, m] contributions, a segmented scan along the entries, a store at each run's end.
+    pass over them: the block is cut into GROUPS stretches of consecutive entries, each summed in order by its
+    own lanes (M / (32 / GROUPS) values per lane), so that no sum crosses lanes; each step adds one entry per
+    stretch and writes the sum where a run (or its part in the stretch) ends.
 
-    A run that starts and ends in the block is stored (its row has no other writer); one cut by the block's
-    edge is added atomically, so the dense gradient must start at zero."""
-    start = tl.program_id(0) * BLOCK
-    entries = start + tl.arange(0, BLOCK)
-    ok = entries < n_entries
-    value_cols = tl.arange(0, M_PAD)
+    A run that starts and ends in the stretch is stored (its row has no other writer); one cut by the stretch's
+    edge is added atomically, so the dense gradient must start at zero. EVEN: n_entries is a multiple of BLOCK
+    (no entry is masked); WIDE: offsets into grad_out or grad_values may pass 2^31 (int64 arithmetic)."""
+    STEPS: tl.constexpr = BLOCK // GROUPS
+    firsts = tl.program_id(0) * BLOCK + tl.arange(0, GROUPS) * STEPS  # each stretch's first entry
+    value_cols = tl.arange(0, M_PAD)[None, :]
     value_ok = value_cols < M
-    index = tl.load(sorted_index_ptr + entries, mask=ok, other=-1)
-    following = tl.load(sorted_index_ptr + entries + 1, mask=entries + 1 < n_entries, other=-1)
-    entry = tl.load(order_ptr + entries, mask=ok, other=0)
-    weight = tl.load(slot_weight_ptr + entry, mask=ok, other=0.0)
-    grad = tl.load(grad_out_ptr + (entry // TOPK).to(tl.int64)[:, None] * M + value_cols[None, :],
-                   mask=ok[:, None] & value_ok[None, :], other=0.0).to(tl.float32)
-    # a run starts where the index changes; the block's first entry starts its part of a run
-    preceding = tl.load(sorted_index_ptr + entries - 1, mask=ok & (entries > start), other=-1)
-    starts = tl.broadcast_to(((index != preceding) | (entries == start)).to(tl.int32)[:, None], (BLOCK, M_PAD))
-    sums, _ = tl.associative_scan((weight[:, None] * grad, starts), axis=0, combine_fn=_segmented_add)
-    # the run of the block's first entry may have begun in the block before; the last run may go on after it
-    first = tl.load(sorted_index_ptr + start)
-    began_before = (first == tl.load(sorted_index_ptr + tl.maximum(start - 1, 0))).to(tl.int32) * (start > 0)
-    ends = ok & ((index != following) | (entries == start + BLOCK - 1))
-    # no other block holds this run (began_before as a vector: the interpreter mishandles a scalar in a mask)
-    alone = (index != following) & ((index != first) | ((index * 0 + began_before) == 0))
-    target = tl.load(target_ptr + entries, mask=ok, other=0).to(tl.int64) if COMPACT else index.to(tl.int64)
-    pointers = grad_values_ptr + target[:, None] * M + value_cols[None, :]
-    tl.store(pointers, sums, mask=(ends & alone)[:, None] & value_ok[None, :])
-    tl.atomic_add(pointers, sums, mask=(ends & (alone == 0))[:, None] & value_ok[None, :], sem="relaxed")
+    index = tl.load(sorted_index_ptr + firsts, mask=firsts < n_entries, other=-1)
+    # whether the stretch's first entry begins its run (else its run began in another stretch)
+    whole = index != tl.load(sorted_index_ptr + firsts - 1, mask=(firsts > 0) & (firsts < n_entries), other=-1)
+    total = tl.zeros((GROUPS, M_PAD), tl.float32)
+    for step in tl.static_range(STEPS):
+        entries = firsts + step
+        ok = tl.full(entries.shape, 1, tl.int1) if EVEN else entries < n_entries
+        # only a stretch's last entry can be the last of all
+        following = tl.load(sorted_index_ptr + entries + 1, mask=entries + 1 < n_entries, other=-1) \
+            if step == STEPS - 1 or not EVEN else tl.load(sorted_index_ptr + entries + 1)
+        entry = tl.load(order_ptr + entries, mask=ok, other=0).to(tl.int32)  # < 2^31: index is int32
+        weight = tl.load(slot_weight_ptr + entry, mask=ok, other=0.0)
+        row = entry.to(tl.uint32) // TOPK  # unsigned: a shift where TOPK is a power of two
+        row = row.to(tl.int64) if WIDE else row.to(tl.int32)
+        grad = tl.load(grad_out_ptr + row[:, None] * M + value_cols, mask=ok[:, None] & value_ok, other=0.0)
+        total += weight[:, None] * grad.to(tl.float32)
+        ends = index != following
+        last = ends | (step == STEPS - 1)  # the run, or its part in the stretch, ends here
+        target = tl.load(target_ptr + entries, mask=ok, other=0) if COMPACT else index
+        target = target.to(tl.int64) if WIDE else target
+        pointers = grad_values_ptr + target[:, None] * M + value_cols
+        tl.store(pointers, total, mask=(ok & whole & ends)[:, None] & value_ok)
+        tl.atomic_add(pointers, total, mask=(ok & last & ((whole & ends) == 0))[:, None] & value_ok, sem="relaxed")
+        total = tl.where(last[:, None], 0.0, total)
+        whole = whole | last  # the next entry begins a run
+        index = following
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -604,7 +609,8 @@ def _segment_sum(grad_rows, index, slot_weight, grad_values, topk, shape):
     if n_entries:
         lram_lookup_segment_sum_kernel[(triton.cdiv(n_entries, SEGMENT_BLOCK),)](
             sorted_index, order, slot_weight, grad_rows, target, grad_values, n_entries,
-            M=M, M_PAD=triton.next_power_of_2(max(M, 1)), TOPK=topk, BLOCK=SEGMENT_BLOCK, COMPACT=compact,
+            M=M, M_PAD=triton.next_power_of_2(max(M, 1)), TOPK=topk, BLOCK=SEGMENT_BLOCK, GROUPS=SEGMENT_GROUPS,
+            COMPACT=compact, EVEN=n_entries % SEGMENT_BLOCK == 0, WIDE=max(grad_rows.shape[0], shape[0]) * M >= 2**31,
             num_warps=1)
     return (rows_read, grad_values) if compact else grad_values
 
@@ -732,5 +738,5 @@ def cost_spec(kernel, constants, signature, spec):
     if kernel == "lram_lookup_segment_sum_kernel":  # per lookup: its TOPK entries; a row's gradient is written about once
         per_entry = m * 4 + 4 + 8 + 4 + 4 * constants["COMPACT"]
         return spec(constants["BLOCK"] / topk, [], topk * per_entry + topk * m * 4,
-                    "a block of entries summed at once (straight-line code)")
+                    "a block of entries summed in stretches, one entry per stretch a step (straight-line code)")
     return None
