@@ -56,11 +56,14 @@ for name in ("triton", "numpy", "deepspeed", "sentencepiece", "tqdm", "matplotli
 EOF
 }
 
-kernel_tests() {  # compiling the kernels takes most of the time and runs on the CPU: 8 processes where possible
-    local parallel=()
-    python -c "import xdist" 2>/dev/null && parallel=(-n 8)
+kernel_tests() {  # compiling the kernels takes most of the time and runs on the CPU: one process per core (<= 16)
+    local parallel=() cores
+    cores=$(nproc)
+    python -c "import xdist" 2>/dev/null && parallel=(-n $((cores < 16 ? cores : 16)))
+    # every test file with a kernel or a CUDA path (those taking the `device` fixture)
     env -u TRITON_INTERPRET LANGUINI_TEST_DEVICE=cuda python -m pytest tests/lram_gpt tests/pkm_gpt tests/qlstm \
-        tests/sam/test_topk.py \
+        tests/sam/test_topk.py tests/switch_gpt/test_moe.py tests/compressive/test_rel_attention.py \
+        tests/feedback/test_window_attention.py tests/feedback/test_model.py \
         "${parallel[@]}" -q -p no:cacheprovider --durations=15 --junitxml="$OUT/tests.xml"
 }
 
@@ -71,6 +74,15 @@ throughput_sweep() {  # project [more flags]; the largest batch tried is that of
     cp "projects/$project/throughput.csv" "$OUT/throughput/$project.csv" &&
         python scripts/measure_throughput.py "$project" small --sweep --max_batch_size 128 --steps 10 --warmup 3 \
             --registry "$OUT/throughput/$project.csv" "$@"
+}
+
+throughput_row() {  # project batch [more flags]: one batch size (no sweep), and the RTX 3090 row derived from it
+    local project=$1 batch=$2
+    shift 2
+    mkdir -p "$OUT/throughput"
+    [[ -f "$OUT/throughput/$project.csv" ]] || cp "projects/$project/throughput.csv" "$OUT/throughput/$project.csv"
+    python scripts/measure_throughput.py "$project" small --batch_size "$batch" --steps 10 --warmup 2 \
+        --registry "$OUT/throughput/$project.csv" --derive 'RTX 3090' --baseline gpt:small "$@"
 }
 
 bench_qlstm() {
@@ -170,7 +182,7 @@ bench_neural_bloom() {  # Table 5.2 of Rae's thesis on the GPU: the Neural Bloom
     python projects/neural_bloom/bench.py --task timing --device cuda --out "$OUT/neural_bloom_timing.json"
 }
 
-export -f env_report kernel_tests throughput_sweep bench_qlstm bench_memory_layers bench_pkm_torch_search train_smoke \
+export -f env_report kernel_tests throughput_sweep throughput_row bench_qlstm bench_memory_layers bench_pkm_torch_search train_smoke \
     feedback_tests bench_feedback switch_gpt_check several_gpus bench_neural_bloom
 
 ORDER="env tests switch_gpt throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt bench_qlstm
@@ -202,6 +214,15 @@ declare -A STEPS=(
     [train_lram_gpt_options]="100 train_smoke lram_gpt --memory_layers 3,7 --share_memory true --memory_gate silu"
     [train_pkm_gpt_options]="100 train_smoke pkm_gpt --memory_layers 3,7 --share_memory true --memory_gate silu"
     [several_gpus]="420 several_gpus"
+    [row_switch_gpt]="50 throughput_row switch_gpt 64"
+    [row_compressive]="50 throughput_row compressive 64"
+    [row_shortformer]="50 throughput_row shortformer 64"
+    [row_shortformer_128]="50 throughput_row shortformer 256 --seq_len 128"
+    [row_feedback]="70 throughput_row feedback 64"
+    [row_sam]="70 throughput_row sam 64"
+    [row_switch_gpt_compiled]="90 throughput_row switch_gpt 64 --compile true"
+    [row_compressive_compiled]="90 throughput_row compressive 64 --compile true"
+    [row_shortformer_compiled]="90 throughput_row shortformer 64 --compile true"
 )
 declare -A STEP_GROUPS=(
     [throughput]="throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt"
@@ -210,6 +231,8 @@ declare -A STEP_GROUPS=(
     [feedback]="tests_feedback bench_feedback"
     [feedback_train]="throughput_feedback train_feedback"
     [memory_options]="train_lram_gpt_options train_pkm_gpt_options"
+    [rows]="row_switch_gpt row_compressive row_shortformer row_shortformer_128 row_feedback row_sam"
+    [rows_compiled]="row_switch_gpt_compiled row_compressive_compiled row_shortformer_compiled"
 )
 selected=()
 for name in ${@:-$ORDER}; do

@@ -11,6 +11,7 @@
 #       kernels before issue 34) on the same GPU, from a `git archive` of it in $OUT/base: compare
 #       $OUT/base_bench_bf16/*.csv with $OUT/*bf16.csv (scripts/report_memory_layers.py prints either) and keep
 #       the faster kernels where both pass their tests. Needs a git checkout with that commit.
+#   SKIP_TESTS=1 OUT=... bash projects/lram_gpt/gpu_check_v2.sh      leaves out the kernel tests (run elsewhere)
 set -u
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -46,8 +47,9 @@ fi
 step environment 15 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv;
     python -c "import torch, triton, numpy; print(torch.__version__, triton.__version__, numpy.__version__,
     torch.cuda.get_device_name())"; git rev-parse HEAD 2>/dev/null || true'
-step kernel_tests 120 env -u TRITON_INTERPRET LANGUINI_TEST_DEVICE=cuda python -m pytest tests/lram_gpt \
-    tests/pkm_gpt tests/qlstm "${parallel[@]}" -q -p no:cacheprovider --durations=10
+[[ -n "${SKIP_TESTS:-}" ]] ||  # set when scripts/gpu_session.sh's `tests` step ran them just before
+    step kernel_tests 120 env -u TRITON_INTERPRET LANGUINI_TEST_DEVICE=cuda python -m pytest tests/lram_gpt \
+        tests/pkm_gpt tests/qlstm "${parallel[@]}" -q -p no:cacheprovider --durations=10
 for grad in atomic segment; do
     step "profile_lram_768_$grad" 25 python scripts/profile_memory_layer.py --layer lram --width 768 \
         --memory_size 2^18 --value_grad "$grad" --rows 12
