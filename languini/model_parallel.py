@@ -162,6 +162,8 @@ def init_(param: torch.Tensor, fill: Callable[[torch.Tensor], object]) -> None:
     """fill(tensor) (an in-place init such as nn.init.normal_) applied to the whole tensor, drawn in blocks of
     whole rows (dim 0) of at most INIT_BLOCK_ELEMENTS, each process keeping its part: the same numbers whatever
     the layout, drawn from the same random stream. A whole tensor of one block is filled in place."""
+    if param.is_meta:  # no storage to fill (a meta model counts parameters); drawing it block by block takes long
+        return
     s = sharding(param)
     full_shape = s.full_shape if s else tuple(param.shape)
     rows = max(1, INIT_BLOCK_ELEMENTS // max(math.prod(full_shape[1:]), 1))

@@ -21,7 +21,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 CPU_ONLY_TESTS = {
     "tests/lram_gpt/test_model.py::test_profiler_sees_nothing_of_theta_on_either_path":
         "forces the Triton lookup on a CPU model",
-    "tests/qlstm/test_bench_script.py::test_bench_prints_one_row_per_implementation":
+    "tests/qlstm/test_bench_cells.py::test_bench_prints_one_row_per_implementation":
         "times the Triton scan on CPU",
 }
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from projects.feedback import segment
 from projects.feedback.configs import MEMORY, ModelConfig
-from projects.feedback.ops.window_attention import attention_flops, implementation
+from projects.feedback.ops.window_attention import IMPLS, attention_flops, implementation
 
 # segment shapes whose CUDA graphs are kept (training's, the evaluations' and a last shorter batch or window); each
 # holds a segment's activations in its graph's memory
@@ -62,7 +62,8 @@ class Model(nn.Module):
         if cfg.memory == "layer" and not -(cfg.n_layers + 1) <= cfg.memory_layer <= cfg.n_layers:
             raise ValueError(f"memory_layer must name one of x^0 .. x^{cfg.n_layers} (or -1 for the top), "
                              f"got {cfg.memory_layer}")
-        implementation(cfg.attention_impl, torch.device("cpu"))  # a bad name fails here, not at the first forward
+        if cfg.attention_impl not in IMPLS:  # here, not at the first forward; the device is known only there
+            raise ValueError(f"attention_impl must be one of {', '.join(IMPLS)}, not {cfg.attention_impl!r}")
         self.cfg = cfg
         inner = cfg.n_heads * cfg.d_head
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)

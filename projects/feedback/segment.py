@@ -313,8 +313,9 @@ class CapturedSegment:
 
 def capture(run) -> torch.cuda.CUDAGraph:
     """A CUDA graph of run(), after one eager run on a side stream (kernel compilation, cuBLAS workspaces), as CUDA
-    graphs need; run keeps the captured outputs itself. Autocast is off: the segment casts for itself."""
-    with torch.autocast("cuda", enabled=False):
+    graphs need; run keeps the captured outputs itself. Autocast is off: the segment casts for itself; autograd is
+    off: the segment computes its own gradients (and writes into given buffers, which autograd refuses)."""
+    with torch.autocast("cuda", enabled=False), torch.no_grad():
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
