@@ -19,6 +19,8 @@
 #   feedback_train = throughput_feedback (420) train_feedback (150)  speed against the GPT; not in the default order)
 #   memory_options = train_lram_gpt_options (100) train_pkm_gpt_options (100)  (two blocks sharing one gated memory)
 #   several_gpus (420; memory shards and experts split over 2 GPUs against copied ones; skipped with one GPU)
+#   rows = row_switch_gpt row_compressive row_shortformer row_shortformer_128 row_feedback row_sam (50-70 each: one
+#          batch size, no sweep, an RTX 3090 row derived from GPT small); rows_compiled (90 each, --compile true)
 # Throughput rows are appended to copies of the registries in $OUT/throughput/<project>.csv, not to projects/.
 # The memory layers, which have no published rows, also get a row derived for the paper's RTX 3090 by ratio to
 # GPT small measured in the same step (measure_throughput.py --derive).
@@ -26,6 +28,8 @@
 # (not the checkpoints) are copied to $OUT/runs. They read DATA_ROOT with VOCAB_SIZE when both are set (a
 # prepared book corpus), else the embedded default corpus, which the first one builds in data/default_corpus.
 # Needs torch, triton, numpy, deepspeed, sentencepiece, tqdm, matplotlib and pytest (the env step lists them).
+# The lent machines' image had no DeepSpeed on 2026-11-26: carry it as wheels (deepspeed, hjson, pydantic,
+# pydantic-core, annotated-types, typing-inspection) and put their install folder after the repository on PYTHONPATH.
 set -u
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -242,7 +246,7 @@ for name in ${@:-$ORDER}; do
         selected+=("$name")
     else
         echo "unknown step or group '$name'; steps:" $ORDER "${STEP_GROUPS[feedback]} ${STEP_GROUPS[feedback_train]};" \
-            "groups: throughput bench train memory_options feedback feedback_train" >&2
+            "groups: throughput bench train memory_options feedback feedback_train rows rows_compiled" >&2
         exit 2
     fi
 done

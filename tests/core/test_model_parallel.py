@@ -43,6 +43,15 @@ def test_initial_numbers_do_not_depend_on_the_layout(monkeypatch, dim):
     assert torch.equal(one_block, nn.init.normal_(torch.empty(FULL)))
 
 
+def test_a_meta_parameter_is_left_alone(monkeypatch):
+    """A meta model (parameter counts) has nothing to draw: drawing its blocks took minutes for large PKM tables."""
+    monkeypatch.setattr(model_parallel, "INIT_BLOCK_ELEMENTS", 8)
+    with torch.device("meta"):
+        param = model_parallel.parameter(FULL, model_parallel.WHOLE, 0)
+    model_parallel.init_(param, lambda t: pytest.fail("fill called on a meta tensor"))
+    assert param.is_meta
+
+
 def test_parameter_counts_whole_tensors_and_refuses_uneven_splits():
     module = nn.Module()
     module.table = model_parallel.parameter(FULL, fake_group(2, 1), 1)

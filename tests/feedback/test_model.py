@@ -186,6 +186,16 @@ def test_bad_configs_and_states_are_refused():
         model(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 5, 12))
 
 
+def test_kernel_named_before_the_model_moves_to_cuda(monkeypatch):
+    """attention_impl='triton' is built on CPU (as every model is) without the interpreter, then moved to the GPU."""
+    from projects.feedback.ops import window_attention
+
+    monkeypatch.setattr(window_attention, "interpreting", lambda: False)
+    Model(small(attention_impl="triton"))
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):  # its first forward on CPU says what is wrong
+        window_attention.implementation("triton", torch.device("cpu"))
+
+
 def test_configs_have_the_gpt_widths_of_table_4():
     from projects.gpt import configs as gpt_configs
 
