@@ -8,7 +8,7 @@
 #   bash scripts/gpu_session.sh env tests                       # chosen steps or groups, in the order given
 #
 # Steps (timeouts in seconds) and groups; each line's timeouts sum to under 10 minutes, a common limit per command:
-#   env (45) tests (390; 8 processes with pytest-xdist where it is installed)
+#   env (45) tests (390; a process per core, at most 16, with pytest-xdist where it is installed; 173 s on 16 cores)
 #   switch_gpt (420: its kernel tests on CUDA, a small teacher distilled into a GPT, Switch attention in fp32)
 #   throughput = throughput_gpt (90) throughput_qlstm (90) throughput_lram_gpt (210) throughput_pkm_gpt (190)
 #   bench      = bench_qlstm (150) bench_memory_bf16 (200) bench_memory_fp32 (200) bench_sam_topk (45)
