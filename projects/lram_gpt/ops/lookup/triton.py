@@ -13,10 +13,11 @@ One program of one warp serves one lookup (a token's head), so no step needs mor
    permuted address is the permutation, and memory keeps the compiler from recomputing this part in the
    layouts below, where every lane holds all 8 coordinates).
 3. d2 = |z_F - p|^2 for the 232 FUNDAMENTAL_POINTS p, 32 lanes x 8.
-4. the exact top-k by a threshold search on the count of d2 below it (warp reductions, no sort): probes
-   interpolate the count as a function of d2^4 (a ball's volume), every third probe bisects; it stops when
-   exactly k lie below. If two candidates share the boundary's d2 exactly, the earlier point wins, as in the
-   reference's stable sort. The chosen candidates are written compacted (prefix sum) to a per-slot buffer.
+4. the exact top-k by a threshold search on the count of d2 below it (warp reductions, no sort): the first
+   probe is where k + 1/2 points lie below on average, the next interpolate the count as a function of d2^4 (a
+   ball's volume), every fourth probe bisects; it stops when exactly k lie below. If two candidates share the
+   boundary's d2 exactly, the earlier point wins, as in the reference's stable sort. The chosen candidates are
+   written compacted (prefix sum) to a per-slot buffer.
 5. per slot (one lane each): the lattice point, its memory index (int32) and weight u^4, u = 1 - d2/8.
 6. the weighted sum of the k value rows (fp32 or bf16, fp32 accumulation), 8 rows at a time (each a
    coalesced [8, m] tile), scaled by s and written in the output dtype (fused cast).
@@ -61,7 +62,10 @@ SEGMENT_GROUPS = 2  # stretches of consecutive entries a program sums side by si
 # every backward; the forward from lattice coordinates (interpolate_triton, lookup_triton) goes uncapped.
 REGISTERS = 64
 COORDS = tl.constexpr(DIM)  # compiled kernels may read a global only if it is a constexpr
-FIRST_PROBE = tl.constexpr(8.0)  # d2 = 8 is the kernel's support: ~65 points lie below it (paper Table 1)
+# The lattice (2 D8 and 2 D8 + 1: a point per 256 units of volume) has on average pi^4 t^4 / 6144 points below
+# d2 = t around a query (an 8-ball's volume over 256): the threshold search models the count so.
+POINTS_PER_T4 = math.pi**4 / 6144
+BISECT_EVERY = tl.constexpr(4)  # every 4th probe bisects, so that the search ends whatever the model's error
 PROBE_CEILING = tl.constexpr(40.0)  # above every candidate's d2 (|z_F| <= 2, |p| <= 4), below the padding's
 PADDING_D2 = 1e30
 TINY = tl.constexpr(torch.finfo(torch.float32).tiny)  # 2^-126; w_i is read at least sqrt(TINY) = 2^-63 from 0
@@ -144,7 +148,7 @@ def _torus_query(z_ptr, freq_ptr, row, cols):
 def lram_lookup_fwd_kernel(
     x_ptr, values_ptr, out_ptr, cand_ptr, index_ptr, weight_ptr, zf_ptr, frame_ptr, scale_ptr, place_ptr,
     place_stride_ptr, freq_ptr, half_periods_ptr, strides_ptr, points_t_ptr, norms_ptr, points_ptr,
-    half_memory,
+    half_memory, first_probe,
     M: tl.constexpr, M_PAD: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr,
     FROM_Q: tl.constexpr, READ: tl.constexpr, SAVE: tl.constexpr,
 ):
@@ -212,7 +216,7 @@ def lram_lookup_fwd_kernel(
     hi = tl.full((), PROBE_CEILING, tl.float32)
     count_lo = tl.full((), 0, tl.int32)
     count_hi = tl.full((), 256, tl.int32)
-    t = tl.full((), FIRST_PROBE, tl.float32)
+    t = tl.full((), first_probe, tl.float32)  # fp32 (the interpreter passes a Python float)
     count = tl.full((), -1, tl.int32)
     probes = tl.full((), 0, tl.int32)
     stalled = tl.full((), 0, tl.int1)
@@ -225,13 +229,20 @@ def lram_lookup_fwd_kernel(
         hi = tl.where(above, t, hi)
         count_hi = tl.where(above, count, count_hi)
         probes += 1
-        share = tl.fdiv(TOPK + 0.5 - count_lo.to(tl.float32), (count_hi - count_lo).to(tl.float32))
-        share = tl.minimum(tl.maximum(share, 0.05), 0.95)
+        # the count linear in t^4 through (lo, count_lo) and (hi, count_hi), or through 0 while hi is the ceiling
         lo4 = (lo * lo) * (lo * lo)
         hi4 = (hi * hi) * (hi * hi)
-        guess = tl.sqrt(tl.sqrt(lo4 + share * (hi4 - lo4)))
+        ceiling = count_hi == 256
+        share = tl.fdiv(TOPK + 0.5 - count_lo.to(tl.float32),
+                        (tl.where(ceiling, 0, count_hi) - count_lo).to(tl.float32))
+        guess4 = lo4 + share * (tl.where(ceiling, 0.0, hi4) - lo4)
+        kept = tl.minimum(tl.maximum(guess4, lo4 + 0.05 * (hi4 - lo4)), lo4 + 0.95 * (hi4 - lo4))
+        guess4 = tl.where(ceiling, guess4, kept)
+        guess = tl.sqrt(tl.sqrt(guess4))
         middle = 0.5 * (lo + hi)
-        guess = tl.where(((probes % 3) == 0) | (guess <= lo) | (guess >= hi), middle, guess)
+        # a guess outside (lo, hi), or NaN (count_lo = 0 with hi at the ceiling), bisects too
+        inside = (guess > lo) & (guess < hi)
+        guess = tl.where(((probes % BISECT_EVERY) == 0) | (inside == 0), middle, guess)
         stalled = (guess <= lo) | (guess >= hi)  # lo and hi are neighbouring floats: a tie at lo
         t = tl.where(count == TOPK, t, guess)
     chosen = d2 < t
@@ -465,6 +476,11 @@ def _meta(topk, M):
     return dict(M=M, M_PAD=triton.next_power_of_2(max(M, 1)), TOPK=topk, TOPK_PAD=triton.next_power_of_2(topk))
 
 
+def first_probe(topk):
+    """The threshold search's first probe: the d2 below which topk + 1/2 points lie on average."""
+    return ((topk + 0.5) / POINTS_PER_T4) ** 0.25
+
+
 def lookup_fwd(x_rows, values, K, topk, from_q, read, save, out_dtype=torch.float32):
     """Launch the forward kernel; returns its buffers (out, cand, index, weight, zf, frame, scale).
 
@@ -485,7 +501,7 @@ def lookup_fwd(x_rows, values, K, topk, from_q, read, save, out_dtype=torch.floa
     if n:
         lram_lookup_fwd_kernel[(n,)](
             x_rows, values if read else None, out, cand, index, weight, zf, frame, scale, place, place_stride,
-            freq, half_periods, strides, points_t, norms, points16, memory_size(K) // 2,
+            freq, half_periods, strides, points_t, norms, points16, memory_size(K) // 2, first_probe(topk),
             CHUNK=min(8, triton.next_power_of_2(topk)), FROM_Q=from_q, READ=read, SAVE=save,
             num_warps=1, **_meta(topk, M), **({"maxnreg": REGISTERS} if read and not from_q else {}))
     return out, cand, index, weight, zf, frame, scale
@@ -694,7 +710,7 @@ def threshold_probes(q: torch.Tensor, topk: int = DEFAULT_TOPK):
     n = q.shape[0]
     lo, hi = torch.zeros(n), torch.full((n,), PROBE_CEILING.value)
     count_lo, count_hi = torch.zeros(n), torch.full((n,), float(POINTS_PAD))
-    t = torch.full((n,), FIRST_PROBE.value)
+    t = torch.full((n,), first_probe(topk))
     probes = torch.zeros(n, dtype=torch.long)
     active = torch.ones(n, dtype=torch.bool)
     tie = torch.zeros(n, dtype=torch.bool)
@@ -704,10 +720,15 @@ def threshold_probes(q: torch.Tensor, topk: int = DEFAULT_TOPK):
         below, above = active & (count < topk), active & (count > topk)
         lo, count_lo = torch.where(below, t, lo), torch.where(below, count, count_lo)
         hi, count_hi = torch.where(above, t, hi), torch.where(above, count, count_hi)
-        share = ((topk + 0.5 - count_lo) / (count_hi - count_lo)).clamp(0.05, 0.95)
-        guess = (lo**4 + share * (hi**4 - lo**4)).sqrt().sqrt()
+        lo4, hi4 = lo**4, hi**4
+        ceiling = count_hi == POINTS_PAD
+        share = (topk + 0.5 - count_lo) / (torch.where(ceiling, 0.0, count_hi) - count_lo)
+        guess4 = lo4 + share * (torch.where(ceiling, 0.0, hi4) - lo4)
+        guess4 = torch.where(ceiling, guess4, torch.minimum(torch.maximum(guess4, lo4 + 0.05 * (hi4 - lo4)),
+                                                           lo4 + 0.95 * (hi4 - lo4)))
+        guess = guess4.sqrt().sqrt()
         middle = 0.5 * (lo + hi)
-        guess = torch.where((probes % 3 == 0) | (guess <= lo) | (guess >= hi), middle, guess)
+        guess = torch.where((probes % BISECT_EVERY.value == 0) | ~((guess > lo) & (guess < hi)), middle, guess)
         stalled = active & (count != topk) & ((guess <= lo) | (guess >= hi))
         tie |= stalled
         active = active & (count != topk) & ~stalled
