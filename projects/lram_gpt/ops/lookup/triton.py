@@ -115,6 +115,19 @@ def _nearest_d8(y, cols):
 
 
 @triton.jit
+def _columns(x):
+    """The 8 columns of x [32, 8] (each lane holds a row: no value moves), in an order of their own."""
+    even, odd = tl.split(tl.reshape(x, (32, 4, 2)))
+    a, b = tl.split(tl.reshape(even, (32, 2, 2)))
+    c, d = tl.split(tl.reshape(odd, (32, 2, 2)))
+    a0, a1 = tl.split(a)
+    b0, b1 = tl.split(b)
+    c0, c1 = tl.split(c)
+    d0, d1 = tl.split(d)
+    return a0, a1, b0, b1, c0, c1, d0, d1
+
+
+@triton.jit
 def _head_inputs(z_ptr, row, cols):
     """One head's 16 inputs as w = z / c (naive.head_scale: c a power of two, so w is exact and at most 2 in
     size, whatever finite z is), and whether all 16 are finite. Returns (re, im, c, valid)."""
@@ -245,7 +258,6 @@ def lram_lookup_fwd_kernel(
         guess = tl.where(((probes % BISECT_EVERY) == 0) | (inside == 0), middle, guess)
         stalled = (guess <= lo) | (guess >= hi)  # lo and hi are neighbouring floats: a tie at lo
         t = tl.where(count == TOPK, t, guess)
-    chosen = d2 < t
     if count != TOPK:  # a tie at d2 = lo: the earliest points at lo fill the remaining slots
         equal = d2 == lo
         first = tl.full((), 0, tl.int32)  # bisect the point bound b: count(equal and point < b) reaches TOPK
@@ -255,13 +267,22 @@ def lram_lookup_fwd_kernel(
             enough = (count_lo + tl.sum((equal & (points < middle_id)).to(tl.int32))) >= TOPK
             last = tl.where(enough, middle_id, last)
             first = tl.where(enough, first, middle_id)
-        chosen = (d2 < lo) | (equal & (points < last))
-    chosen = chosen.to(tl.int32)
+        # chosen: those below lo and the tied points before the bound (one comparison below for both cases)
+        d2 = tl.where(equal & (points < last), -1.0, d2)
+        t = lo
+    chosen = (d2 < t).to(tl.int32)
     # compacted in point order: slot = chosen points before this one (in the lane, then in earlier lanes)
     in_lane = tl.cumsum(chosen, axis=1) - chosen
     per_lane = tl.sum(chosen, axis=1)
     slot_of = (tl.cumsum(per_lane, axis=0) - per_lane)[:, None] + in_lane
-    tl.store(cand_ptr + row * TOPK + slot_of, points.to(tl.int16), mask=chosen != 0)
+    # a lane's 8 entries stored as 8 stores of one entry per lane: a [32, 8] store with data-dependent addresses
+    # would move its 64-bit pointers through shared memory into a layout of one entry per thread first
+    slot_columns = _columns(slot_of)
+    point_columns = _columns(points)
+    chosen_columns = _columns(chosen)
+    for column in tl.static_range(8):
+        tl.store(cand_ptr + row * TOPK + slot_columns[column], point_columns[column].to(tl.int16),
+                 mask=chosen_columns[column] != 0)
     tl.debug_barrier()  # the slots were written by other lanes
 
     # per slot (a lane each): the lattice point center + sign * p, its memory index and its weight
