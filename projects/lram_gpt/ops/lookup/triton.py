@@ -107,9 +107,11 @@ def _nearest_d8(y, cols):
     """Nearest point of D8 to y [8] (Conway & Sloane): round, then fix an odd sum at the worst coordinate."""
     rounded = tl.floor(y + 0.5)
     residual = y - rounded
-    total = tl.sum(rounded, axis=0)
-    odd = (total - 2.0 * tl.floor(total * 0.5)) != 0.0
-    worst = tl.argmax(tl.abs(residual), axis=0, tie_break_left=True)
+    # integer reductions (one warp instruction each): the parity of the sum, the first coordinate of the largest
+    # |residual| (|y| < 2^22, so rounded fits an int32)
+    odd = (tl.sum(rounded.to(tl.int32), axis=0) & 1) != 0
+    size = tl.abs(residual)
+    worst = tl.min(tl.where(size == tl.max(size, axis=0), cols, COORDS), axis=0)
     step = tl.where(residual >= 0.0, 1.0, -1.0)
     return rounded + tl.where(cols == worst, tl.where(odd, step, 0.0), 0.0)
 
