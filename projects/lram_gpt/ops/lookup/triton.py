@@ -213,7 +213,8 @@ def lram_lookup_fwd_kernel(
     tl.store(place_stride_ptr + row * COORDS + position, tl.load(strides_ptr + cols))
     if SAVE:
         tl.store(zf_ptr + row * COORDS + position, sign * offset)
-        packed = tl.sum(position << (3 * cols), axis=0) | tl.sum((sign < 0.0).to(tl.int32) << (24 + cols), axis=0)
+        # bit fields apart: their sum is their union, in one warp reduction
+        packed = tl.sum((position << (3 * cols)) | ((sign < 0.0).to(tl.int32) << (24 + cols)), axis=0)
         tl.store(frame_ptr + row, packed)
         tl.store(scale_ptr + row, scale)
     zz = tl.sum(offset * offset, axis=0)
