@@ -111,7 +111,7 @@ def _nearest_d8(y, cols):
     # integer reductions (one warp instruction each): the parity of the sum, the first coordinate of the largest
     # |residual| (|y| < 2^22, so rounded fits an int32)
     odd = (tl.sum(rounded.to(tl.int32), axis=0) & 1) != 0
-    size = tl.abs(residual)
+    size = tl.abs(residual).to(tl.int32, bitcast=True)  # a float >= 0 orders as its bits
     worst = tl.min(tl.where(size == tl.max(size, axis=0), cols, COORDS), axis=0)
     step = tl.where(residual >= 0.0, 1.0, -1.0)
     return rounded + tl.where(cols == worst, tl.where(odd, step, 0.0), 0.0)
