@@ -246,18 +246,19 @@ def lram_lookup_fwd_kernel(
         hi = tl.where(above, t, hi)
         count_hi = tl.where(above, count, count_hi)
         probes += 1
-        # the count linear in t^4 through (lo, count_lo) and (hi, count_hi), or through 0 while hi is the ceiling
+        # the count linear in t^4 through (lo, count_lo) and (hi, count_hi), or through 0 while hi is the ceiling:
+        # t^4 = lo^4 + (TOPK + 1/2 - count_lo) span / gap, span and gap >= 0 (1 / gap by an approximate rsqrt)
         lo4 = (lo * lo) * (lo * lo)
         hi4 = (hi * hi) * (hi * hi)
         ceiling = count_hi == 256
-        share = tl.fdiv(TOPK + 0.5 - count_lo.to(tl.float32),
-                        (tl.where(ceiling, 0, count_hi) - count_lo).to(tl.float32))
-        guess4 = lo4 + share * (tl.where(ceiling, 0.0, hi4) - lo4)
+        span = tl.where(ceiling, lo4, hi4 - lo4)
+        gap = tl.where(ceiling, count_lo, count_hi - count_lo).to(tl.float32)
+        guess4 = lo4 + (TOPK + 0.5 - count_lo.to(tl.float32)) * span * tl.math.rsqrt(gap * gap)
         kept = tl.minimum(tl.maximum(guess4, lo4 + 0.05 * (hi4 - lo4)), lo4 + 0.95 * (hi4 - lo4))
         guess4 = tl.where(ceiling, guess4, kept)
         guess = tl.sqrt(tl.sqrt(guess4))
         middle = 0.5 * (lo + hi)
-        # a guess outside (lo, hi), or NaN (count_lo = 0 with hi at the ceiling), bisects too
+        # a guess outside (lo, hi) bisects too (infinite where count_lo = 0 with hi at the ceiling)
         inside = (guess > lo) & (guess < hi)
         guess = tl.where(((probes % BISECT_EVERY) == 0) | (inside == 0), middle, guess)
         stalled = (guess <= lo) | (guess >= hi)  # lo and hi are neighbouring floats: a tie at lo
@@ -726,7 +727,8 @@ def lookup_triton(q: torch.Tensor, K, topk: int = DEFAULT_TOPK):
 
 def threshold_probes(q: torch.Tensor, topk: int = DEFAULT_TOPK):
     """The forward's threshold search in torch, for queries q [n, 8]: how many counts the kernel's loop makes,
-    and whether it ended on an exact tie (then the tie loop makes 8 more)."""
+    and whether it ended on an exact tie (then the tie loop makes 8 more). The kernel divides by an approximate
+    rsqrt: its guesses may differ in their last bits, so this is a model of its trip count, not a replay."""
     from projects.lram_gpt.lattice import to_fundamental
 
     zf = to_fundamental(q.float())[0]
@@ -747,8 +749,9 @@ def threshold_probes(q: torch.Tensor, topk: int = DEFAULT_TOPK):
         hi, count_hi = torch.where(above, t, hi), torch.where(above, count, count_hi)
         lo4, hi4 = lo**4, hi**4
         ceiling = count_hi == POINTS_PAD
-        share = (topk + 0.5 - count_lo) / (torch.where(ceiling, 0.0, count_hi) - count_lo)
-        guess4 = lo4 + share * (torch.where(ceiling, 0.0, hi4) - lo4)
+        span = torch.where(ceiling, lo4, hi4 - lo4)
+        gap = torch.where(ceiling, count_lo, count_hi - count_lo)
+        guess4 = lo4 + (topk + 0.5 - count_lo) * span / gap
         guess4 = torch.where(ceiling, guess4, torch.minimum(torch.maximum(guess4, lo4 + 0.05 * (hi4 - lo4)),
                                                            lo4 + 0.95 * (hi4 - lo4)))
         guess = guess4.sqrt().sqrt()
