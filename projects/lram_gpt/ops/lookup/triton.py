@@ -253,10 +253,7 @@ def lram_lookup_fwd_kernel(
         ceiling = count_hi == 256
         span = tl.where(ceiling, lo4, hi4 - lo4)
         gap = tl.where(ceiling, count_lo, count_hi - count_lo).to(tl.float32)
-        guess4 = lo4 + (TOPK + 0.5 - count_lo.to(tl.float32)) * span * tl.math.rsqrt(gap * gap)
-        kept = tl.minimum(tl.maximum(guess4, lo4 + 0.05 * (hi4 - lo4)), lo4 + 0.95 * (hi4 - lo4))
-        guess4 = tl.where(ceiling, guess4, kept)
-        guess = tl.sqrt(tl.sqrt(guess4))
+        guess = tl.sqrt(tl.sqrt(lo4 + (TOPK + 0.5 - count_lo.to(tl.float32)) * span * tl.math.rsqrt(gap * gap)))
         middle = 0.5 * (lo + hi)
         # a guess outside (lo, hi) bisects too (infinite where count_lo = 0 with hi at the ceiling)
         inside = (guess > lo) & (guess < hi)
@@ -751,10 +748,7 @@ def threshold_probes(q: torch.Tensor, topk: int = DEFAULT_TOPK):
         ceiling = count_hi == POINTS_PAD
         span = torch.where(ceiling, lo4, hi4 - lo4)
         gap = torch.where(ceiling, count_lo, count_hi - count_lo)
-        guess4 = lo4 + (topk + 0.5 - count_lo) * span / gap
-        guess4 = torch.where(ceiling, guess4, torch.minimum(torch.maximum(guess4, lo4 + 0.05 * (hi4 - lo4)),
-                                                           lo4 + 0.95 * (hi4 - lo4)))
-        guess = guess4.sqrt().sqrt()
+        guess = (lo4 + (topk + 0.5 - count_lo) * span / gap).sqrt().sqrt()
         middle = 0.5 * (lo + hi)
         guess = torch.where((probes % BISECT_EVERY.value == 0) | ~((guess > lo) & (guess < hi)), middle, guess)
         stalled = active & (count != topk) & ((guess <= lo) | (guess >= hi))
