@@ -13,13 +13,15 @@ One program of one warp serves one lookup (a token's head), so no step needs mor
    permuted address is the permutation, and memory keeps the compiler from recomputing this part in the
    layouts below, where every lane holds all 8 coordinates).
 3. d2 = |z_F - p|^2 for the 232 FUNDAMENTAL_POINTS p, 32 lanes x 8.
-4. the exact top-k by a threshold search on the count of d2 below it (warp reductions, no sort): probes
-   interpolate the count as a function of d2^4 (a ball's volume), every third probe bisects; it stops when
-   exactly k lie below. If two candidates share the boundary's d2 exactly, the earlier point wins, as in the
-   reference's stable sort. The chosen candidates are written compacted (prefix sum) to a per-slot buffer.
+4. the exact top-k by a threshold search on the count of d2 below it (warp reductions, no sort): the first
+   probe is where k + 1/2 points lie below on average, the next interpolate the count as a function of d2^4 (a
+   ball's volume), every fourth probe bisects; it stops when exactly k lie below. If two candidates share the
+   boundary's d2 exactly, the earlier point wins, as in the reference's stable sort. The chosen candidates are
+   written compacted (prefix sum) to a per-slot buffer.
 5. per slot (one lane each): the lattice point, its memory index (int32) and weight u^4, u = 1 - d2/8.
-6. the weighted sum of the k value rows (fp32 or bf16, fp32 accumulation), 8 rows at a time (each a
-   coalesced [8, m] tile), scaled by s and written in the output dtype (fused cast).
+6. the weighted sum of the k value rows (fp32 or bf16, fp32 accumulation), 4 rows at a time (each a
+   coalesced [4, m] tile; fewer partial sums to add up at the end than 8), scaled by s and written in the
+   output dtype (fused cast).
 The forward saves what the backward needs (per slot the memory index and the candidate; per lookup z_F, the
 permutation and signs packed in one int32, and s), so the backward does not select again. Per lookup it
 gathers the k rows once for a_k = g . v_k and returns
@@ -61,7 +63,10 @@ SEGMENT_GROUPS = 2  # stretches of consecutive entries a program sums side by si
 # every backward; the forward from lattice coordinates (interpolate_triton, lookup_triton) goes uncapped.
 REGISTERS = 64
 COORDS = tl.constexpr(DIM)  # compiled kernels may read a global only if it is a constexpr
-FIRST_PROBE = tl.constexpr(8.0)  # d2 = 8 is the kernel's support: ~65 points lie below it (paper Table 1)
+# The lattice (2 D8 and 2 D8 + 1: a point per 256 units of volume) has on average pi^4 t^4 / 6144 points below
+# d2 = t around a query (an 8-ball's volume over 256): the threshold search models the count so.
+POINTS_PER_T4 = math.pi**4 / 6144
+BISECT_EVERY = tl.constexpr(4)  # every 4th probe bisects, so that the search ends whatever the model's error
 PROBE_CEILING = tl.constexpr(40.0)  # above every candidate's d2 (|z_F| <= 2, |p| <= 4), below the padding's
 PADDING_D2 = 1e30
 TINY = tl.constexpr(torch.finfo(torch.float32).tiny)  # 2^-126; w_i is read at least sqrt(TINY) = 2^-63 from 0
@@ -103,11 +108,26 @@ def _nearest_d8(y, cols):
     """Nearest point of D8 to y [8] (Conway & Sloane): round, then fix an odd sum at the worst coordinate."""
     rounded = tl.floor(y + 0.5)
     residual = y - rounded
-    total = tl.sum(rounded, axis=0)
-    odd = (total - 2.0 * tl.floor(total * 0.5)) != 0.0
-    worst = tl.argmax(tl.abs(residual), axis=0, tie_break_left=True)
+    # integer reductions (one warp instruction each): the parity of the sum, the first coordinate of the largest
+    # |residual| (|y| < 2^22, so rounded fits an int32)
+    odd = (tl.sum(rounded.to(tl.int32), axis=0) & 1) != 0
+    size = tl.abs(residual).to(tl.int32, bitcast=True)  # a float >= 0 orders as its bits
+    worst = tl.min(tl.where(size == tl.max(size, axis=0), cols, COORDS), axis=0)
     step = tl.where(residual >= 0.0, 1.0, -1.0)
     return rounded + tl.where(cols == worst, tl.where(odd, step, 0.0), 0.0)
+
+
+@triton.jit
+def _columns(x):
+    """The 8 columns of x [32, 8] (each lane holds a row: no value moves), in an order of their own."""
+    even, odd = tl.split(tl.reshape(x, (32, 4, 2)))
+    a, b = tl.split(tl.reshape(even, (32, 2, 2)))
+    c, d = tl.split(tl.reshape(odd, (32, 2, 2)))
+    a0, a1 = tl.split(a)
+    b0, b1 = tl.split(b)
+    c0, c1 = tl.split(c)
+    d0, d1 = tl.split(d)
+    return a0, a1, b0, b1, c0, c1, d0, d1
 
 
 @triton.jit
@@ -144,7 +164,7 @@ def _torus_query(z_ptr, freq_ptr, row, cols):
 def lram_lookup_fwd_kernel(
     x_ptr, values_ptr, out_ptr, cand_ptr, index_ptr, weight_ptr, zf_ptr, frame_ptr, scale_ptr, place_ptr,
     place_stride_ptr, freq_ptr, half_periods_ptr, strides_ptr, points_t_ptr, norms_ptr, points_ptr,
-    half_memory,
+    half_memory, first_probe,
     M: tl.constexpr, M_PAD: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr,
     FROM_Q: tl.constexpr, READ: tl.constexpr, SAVE: tl.constexpr,
 ):
@@ -194,7 +214,8 @@ def lram_lookup_fwd_kernel(
     tl.store(place_stride_ptr + row * COORDS + position, tl.load(strides_ptr + cols))
     if SAVE:
         tl.store(zf_ptr + row * COORDS + position, sign * offset)
-        packed = tl.sum(position << (3 * cols), axis=0) | tl.sum((sign < 0.0).to(tl.int32) << (24 + cols), axis=0)
+        # bit fields apart: their sum is their union, in one warp reduction
+        packed = tl.sum((position << (3 * cols)) | ((sign < 0.0).to(tl.int32) << (24 + cols)), axis=0)
         tl.store(frame_ptr + row, packed)
         tl.store(scale_ptr + row, scale)
     zz = tl.sum(offset * offset, axis=0)
@@ -212,7 +233,7 @@ def lram_lookup_fwd_kernel(
     hi = tl.full((), PROBE_CEILING, tl.float32)
     count_lo = tl.full((), 0, tl.int32)
     count_hi = tl.full((), 256, tl.int32)
-    t = tl.full((), FIRST_PROBE, tl.float32)
+    t = tl.full((), first_probe, tl.float32)  # fp32 (the interpreter passes a Python float)
     count = tl.full((), -1, tl.int32)
     probes = tl.full((), 0, tl.int32)
     stalled = tl.full((), 0, tl.int1)
@@ -225,16 +246,20 @@ def lram_lookup_fwd_kernel(
         hi = tl.where(above, t, hi)
         count_hi = tl.where(above, count, count_hi)
         probes += 1
-        share = tl.fdiv(TOPK + 0.5 - count_lo.to(tl.float32), (count_hi - count_lo).to(tl.float32))
-        share = tl.minimum(tl.maximum(share, 0.05), 0.95)
+        # the count linear in t^4 through (lo, count_lo) and (hi, count_hi), or through 0 while hi is the ceiling:
+        # t^4 = lo^4 + (TOPK + 1/2 - count_lo) span / gap, span and gap >= 0 (1 / gap by an approximate rsqrt)
         lo4 = (lo * lo) * (lo * lo)
         hi4 = (hi * hi) * (hi * hi)
-        guess = tl.sqrt(tl.sqrt(lo4 + share * (hi4 - lo4)))
+        ceiling = count_hi == 256
+        span = tl.where(ceiling, lo4, hi4 - lo4)
+        gap = tl.where(ceiling, count_lo, count_hi - count_lo).to(tl.float32)
+        guess = tl.sqrt(tl.sqrt(lo4 + (TOPK + 0.5 - count_lo.to(tl.float32)) * span * tl.math.rsqrt(gap * gap)))
         middle = 0.5 * (lo + hi)
-        guess = tl.where(((probes % 3) == 0) | (guess <= lo) | (guess >= hi), middle, guess)
+        # a guess outside (lo, hi) bisects too (infinite where count_lo = 0 with hi at the ceiling)
+        inside = (guess > lo) & (guess < hi)
+        guess = tl.where(((probes % BISECT_EVERY) == 0) | (inside == 0), middle, guess)
         stalled = (guess <= lo) | (guess >= hi)  # lo and hi are neighbouring floats: a tie at lo
         t = tl.where(count == TOPK, t, guess)
-    chosen = d2 < t
     if count != TOPK:  # a tie at d2 = lo: the earliest points at lo fill the remaining slots
         equal = d2 == lo
         first = tl.full((), 0, tl.int32)  # bisect the point bound b: count(equal and point < b) reaches TOPK
@@ -244,13 +269,22 @@ def lram_lookup_fwd_kernel(
             enough = (count_lo + tl.sum((equal & (points < middle_id)).to(tl.int32))) >= TOPK
             last = tl.where(enough, middle_id, last)
             first = tl.where(enough, first, middle_id)
-        chosen = (d2 < lo) | (equal & (points < last))
-    chosen = chosen.to(tl.int32)
+        # chosen: those below lo and the tied points before the bound (one comparison below for both cases)
+        d2 = tl.where(equal & (points < last), -1.0, d2)
+        t = lo
+    chosen = (d2 < t).to(tl.int32)
     # compacted in point order: slot = chosen points before this one (in the lane, then in earlier lanes)
     in_lane = tl.cumsum(chosen, axis=1) - chosen
     per_lane = tl.sum(chosen, axis=1)
     slot_of = (tl.cumsum(per_lane, axis=0) - per_lane)[:, None] + in_lane
-    tl.store(cand_ptr + row * TOPK + slot_of, points.to(tl.int16), mask=chosen != 0)
+    # a lane's 8 entries stored as 8 stores of one entry per lane: a [32, 8] store with data-dependent addresses
+    # would move its 64-bit pointers through shared memory into a layout of one entry per thread first
+    slot_columns = _columns(slot_of)
+    point_columns = _columns(points)
+    chosen_columns = _columns(chosen)
+    for column in tl.static_range(8):
+        tl.store(cand_ptr + row * TOPK + slot_columns[column], point_columns[column].to(tl.int16),
+                 mask=chosen_columns[column] != 0)
     tl.debug_barrier()  # the slots were written by other lanes
 
     # per slot (a lane each): the lattice point center + sign * p, its memory index and its weight
@@ -465,6 +499,11 @@ def _meta(topk, M):
     return dict(M=M, M_PAD=triton.next_power_of_2(max(M, 1)), TOPK=topk, TOPK_PAD=triton.next_power_of_2(topk))
 
 
+def first_probe(topk):
+    """The threshold search's first probe: the d2 below which topk + 1/2 points lie on average."""
+    return ((topk + 0.5) / POINTS_PER_T4) ** 0.25
+
+
 def lookup_fwd(x_rows, values, K, topk, from_q, read, save, out_dtype=torch.float32):
     """Launch the forward kernel; returns its buffers (out, cand, index, weight, zf, frame, scale).
 
@@ -485,8 +524,8 @@ def lookup_fwd(x_rows, values, K, topk, from_q, read, save, out_dtype=torch.floa
     if n:
         lram_lookup_fwd_kernel[(n,)](
             x_rows, values if read else None, out, cand, index, weight, zf, frame, scale, place, place_stride,
-            freq, half_periods, strides, points_t, norms, points16, memory_size(K) // 2,
-            CHUNK=min(8, triton.next_power_of_2(topk)), FROM_Q=from_q, READ=read, SAVE=save,
+            freq, half_periods, strides, points_t, norms, points16, memory_size(K) // 2, first_probe(topk),
+            CHUNK=min(4, triton.next_power_of_2(topk)), FROM_Q=from_q, READ=read, SAVE=save,
             num_warps=1, **_meta(topk, M), **({"maxnreg": REGISTERS} if read and not from_q else {}))
     return out, cand, index, weight, zf, frame, scale
 
@@ -685,7 +724,8 @@ def lookup_triton(q: torch.Tensor, K, topk: int = DEFAULT_TOPK):
 
 def threshold_probes(q: torch.Tensor, topk: int = DEFAULT_TOPK):
     """The forward's threshold search in torch, for queries q [n, 8]: how many counts the kernel's loop makes,
-    and whether it ended on an exact tie (then the tie loop makes 8 more)."""
+    and whether it ended on an exact tie (then the tie loop makes 8 more). The kernel divides by an approximate
+    rsqrt: its guesses may differ in their last bits, so this is a model of its trip count, not a replay."""
     from projects.lram_gpt.lattice import to_fundamental
 
     zf = to_fundamental(q.float())[0]
@@ -694,7 +734,7 @@ def threshold_probes(q: torch.Tensor, topk: int = DEFAULT_TOPK):
     n = q.shape[0]
     lo, hi = torch.zeros(n), torch.full((n,), PROBE_CEILING.value)
     count_lo, count_hi = torch.zeros(n), torch.full((n,), float(POINTS_PAD))
-    t = torch.full((n,), FIRST_PROBE.value)
+    t = torch.full((n,), first_probe(topk))
     probes = torch.zeros(n, dtype=torch.long)
     active = torch.ones(n, dtype=torch.bool)
     tie = torch.zeros(n, dtype=torch.bool)
@@ -704,10 +744,13 @@ def threshold_probes(q: torch.Tensor, topk: int = DEFAULT_TOPK):
         below, above = active & (count < topk), active & (count > topk)
         lo, count_lo = torch.where(below, t, lo), torch.where(below, count, count_lo)
         hi, count_hi = torch.where(above, t, hi), torch.where(above, count, count_hi)
-        share = ((topk + 0.5 - count_lo) / (count_hi - count_lo)).clamp(0.05, 0.95)
-        guess = (lo**4 + share * (hi**4 - lo**4)).sqrt().sqrt()
+        lo4, hi4 = lo**4, hi**4
+        ceiling = count_hi == POINTS_PAD
+        span = torch.where(ceiling, lo4, hi4 - lo4)
+        gap = torch.where(ceiling, count_lo, count_hi - count_lo)
+        guess = (lo4 + (topk + 0.5 - count_lo) * span / gap).sqrt().sqrt()
         middle = 0.5 * (lo + hi)
-        guess = torch.where((probes % 3 == 0) | (guess <= lo) | (guess >= hi), middle, guess)
+        guess = torch.where((probes % BISECT_EVERY.value == 0) | ~((guess > lo) & (guess < hi)), middle, guess)
         stalled = active & (count != topk) & ((guess <= lo) | (guess >= hi))
         tie |= stalled
         active = active & (count != topk) & ~stalled
