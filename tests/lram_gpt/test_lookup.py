@@ -147,6 +147,46 @@ def test_sparse_value_gradient_matches_dense_and_reference(K, n_rows, dtype, dev
     assert torch.equal(rows, naive.lookup(q, K)[0].unique())  # unique and rising: one summed row per location read
 
 
+def run_layouts(n_rows, topk, n_locations, kind):
+    """Memory indices [n_rows, topk] whose sorted runs fall awkwardly for the segment sums' blocks of entries."""
+    g = torch.Generator().manual_seed(n_rows)
+    n = n_rows * topk
+    if kind == "one_run":  # every entry reads one location: a run across every block and stretch
+        return torch.full((n_rows, topk), n_locations // 2, dtype=torch.int32)
+    if kind == "long_runs":  # runs of 5 to 40 entries: many cross a block's or a stretch's edge
+        lengths = torch.randint(5, 41, (n,), generator=g)
+        return torch.repeat_interleave(torch.arange(n) * 3 % n_locations, lengths)[:n].view(n_rows, topk).int()
+    return torch.randint(0, n_locations, (n_rows, topk), generator=g, dtype=torch.int32)  # mostly runs of 1
+
+
+@pytest.mark.parametrize("kind", ["one_run", "long_runs", "random"])
+@pytest.mark.parametrize("n_rows, topk, width, grad_dtype", [
+    pytest.param(5, 32, 64, torch.bfloat16, id="160-entries-bf16"),  # 5 whole blocks of 32 entries
+    pytest.param(7, 9, 40, torch.float32, id="63-entries-fp32"),  # the last block part-filled, m not a power of 2
+    pytest.param(3, 11, 3, torch.bfloat16, id="33-entries-m3-bf16"),  # one entry in the last block, m below a vector
+])
+def test_segment_sums_match_index_add(kind, n_rows, topk, width, grad_dtype, device):
+    """The segment sums (dense and compact) against index_add_ of each entry's weighted gradient row."""
+    from projects.lram_gpt.ops.lookup.triton import _segment_sum
+
+    n_locations = 50
+    g = torch.Generator().manual_seed(3)
+    index = run_layouts(n_rows, topk, n_locations, kind)
+    slot_weight = torch.rand(n_rows, topk, generator=g)
+    grad_rows = torch.randn(n_rows, width, generator=g).to(grad_dtype)
+    contributions = (slot_weight.double()[:, :, None] * grad_rows.double()[:, None, :]).view(-1, width)
+    expected = torch.zeros(n_locations, width, dtype=torch.float64).index_add_(0, index.view(-1).long(), contributions)
+    index, slot_weight, grad_rows = index.to(device), slot_weight.to(device), grad_rows.to(device)
+    dense = torch.zeros(n_locations, width, device=device)
+    dense = _segment_sum(grad_rows, index, slot_weight, dense, topk, (n_locations, width))
+    # fp32 sums of up to 160 products of order 1: a few 1e-6 relative at most
+    torch.testing.assert_close(dense.cpu().double(), expected, rtol=1e-5, atol=1e-5)
+    rows_read, sums = _segment_sum(grad_rows, index, slot_weight, None, topk, (n_locations, width))
+    read = index.view(-1).unique().cpu()
+    assert torch.equal(rows_read.cpu().long(), read)
+    torch.testing.assert_close(sums.cpu().double(), expected[read], rtol=1e-5, atol=1e-5)
+
+
 # --- the fused read theta (torus query, lookup, scale and cast in one kernel) -----------------------------
 
 def theta_reference_and_triton(z, values, K, value_grad, device, out_dtype=None):

@@ -27,10 +27,11 @@ gathers the k rows once for a_k = g . v_k and returns
     dL/ds   = sum_k u_k^4 a_k
     dL/dv_k += s u_k^4 g                             by relaxed atomics ("atomic"), or without per-entry atomics
                                                      ("segment"): entries sorted by int32 memory index, each
-                                                     block of 32 sorted entries is cut in 2 stretches of 16
-                                                     that a half-warp each sums in order (one pass over the
-                                                     runs, no value crossing lanes) and stores, runs cut by a
-                                                     stretch's edge are added atomically. No host
+                                                     block of 32 sorted entries is cut in 4 stretches of 8
+                                                     that 8 lanes each sum in order (one pass over the runs,
+                                                     no value crossing lanes; where each entry's sum goes is
+                                                     found once per block, a lane per entry) and store, runs
+                                                     cut by a stretch's edge are added atomically. No host
                                                      synchronisation on the dense path.
 With sparse=True the value gradient is a sparse COO tensor of the rows read (the segment sums written
 compactly; the number of rows read is the one host synchronisation of that path).
@@ -55,7 +56,7 @@ from projects.lram_gpt.lattice import (
 HEAD_INPUTS = 2 * DIM
 POINTS_PAD = 256  # the 232 points padded to 32 lanes x 8
 SEGMENT_BLOCK = 32  # sorted (row, slot) entries per program of the segment sums
-SEGMENT_GROUPS = 2  # stretches of consecutive entries a program sums side by side, each in order
+SEGMENT_PART = 32  # columns of a row part: 8 lanes, 4 each; 128 // SEGMENT_PART stretches summed side by side
 # Registers per thread: a one-warp program at 64 lets an SM hold 32 of them (its most), 50% occupancy (sm_80,
 # sm_90). ptxas meets the cap without spilling (scripts/kernel_cost.py counts LDL/STL) for theta's forward and
 # every backward; the forward from lattice coordinates (interpolate_triton, lookup_triton) goes uncapped.
@@ -371,48 +372,69 @@ def lram_lookup_bwd_kernel(
 
 @triton.jit
 def lram_lookup_segment_sum_kernel(
-    sorted_index_ptr, order_ptr, slot_weight_ptr, grad_out_ptr, target_ptr, grad_values_ptr, n_entries,
-    M: tl.constexpr, M_PAD: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr, GROUPS: tl.constexpr,
-    COMPACT: tl.constexpr, EVEN: tl.constexpr, WIDE: tl.constexpr,
+    sorted_index_ptr, order_ptr, slot_weight_ptr, grad_out_ptr, target_ptr, grad_values_ptr, record_ptr, n_entries,
+    M: tl.constexpr, PARTS: tl.constexpr, PART: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr,
+    GROUPS: tl.constexpr, COMPACT: tl.constexpr, WIDE: tl.constexpr,
 ):
     """Sums s u^4 g over the runs of equal memory index in one block of the sorted (row, slot) entries, in one
     pass over them: the block is cut into GROUPS stretches of consecutive entries, each summed in order by its
     own lanes (M / (32 / GROUPS) values per lane), so that no sum crosses lanes; each step adds one entry per
     stretch and writes the sum where a run (or its part in the stretch) ends.
 
+    What a step needs of its entry (the gradient row, the weight, where its sum goes and how) is found first for
+    the whole block, one entry per lane, and kept as a record of 4 int32 in record_ptr for the steps to read.
     A run that starts and ends in the stretch is stored (its row has no other writer); one cut by the stretch's
-    edge is added atomically, so the dense gradient must start at zero. EVEN: n_entries is a multiple of BLOCK
-    (no entry is masked); WIDE: offsets into grad_out or grad_values may pass 2^31 (int64 arithmetic)."""
+    edge is added atomically, so the dense gradient must start at zero. WIDE: offsets into grad_out or
+    grad_values may pass 2^31 (int64 arithmetic)."""
     STEPS: tl.constexpr = BLOCK // GROUPS
+    ALIGN: tl.constexpr = M & -M  # the offsets are multiples of M: of its largest power-of-two factor
+    entries = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = entries < n_entries
+    index = tl.load(sorted_index_ptr + entries, mask=ok, other=-1)
+    following = tl.load(sorted_index_ptr + entries + 1, mask=entries + 1 < n_entries, other=-1)
+    # the entry before the stretch: a run of its index began before the stretch (its part here is added)
+    before = entries - entries % STEPS - 1
+    outside = tl.load(sorted_index_ptr + before, mask=(before >= 0) & ok, other=-1)
+    entry = tl.load(order_ptr + entries, mask=ok, other=0).to(tl.int32)  # < 2^31: index is int32
+    weight = tl.load(slot_weight_ptr + entry, mask=ok, other=0.0)
+    row = (entry.to(tl.uint32) // TOPK).to(tl.int32)  # unsigned: a shift where TOPK is a power of two
+    ends = index != following
+    last = ends | (entries % STEPS == STEPS - 1)  # the run, or its part in the stretch, ends here
+    mode = tl.where(ok & last, tl.where(ends & (index != outside), 1, 2), 0)  # 1: store, 2: add atomically
+    target = tl.load(target_ptr + entries, mask=ok, other=0) if COMPACT else index
+    record = record_ptr + entries * 4
+    tl.store(record, row if WIDE else row * M)  # WIDE: the row, else its offset
+    tl.store(record + 1, weight.to(tl.int32, bitcast=True))
+    tl.store(record + 2, target if WIDE else target * M)
+    tl.store(record + 3, mode)
+    tl.debug_barrier()  # the records were written by other lanes
+
     firsts = tl.program_id(0) * BLOCK + tl.arange(0, GROUPS) * STEPS  # each stretch's first entry
-    value_cols = tl.arange(0, M_PAD)[None, :]
+    # a lane holds 4 columns in each of the row's PARTS parts: the gradient's loads and the sums' stores share
+    # one layout (4 values a lane, whatever the gradient's dtype), and a step's per-entry work serves them all
+    VECTOR: tl.constexpr = min(PART, 4)
+    cols = tl.max_contiguous(tl.multiple_of(tl.arange(0, PART), VECTOR), VECTOR)
+    value_cols = tl.arange(0, PARTS)[:, None, None] * PART + cols[None, None, :]
     value_ok = value_cols < M
-    index = tl.load(sorted_index_ptr + firsts, mask=firsts < n_entries, other=-1)
-    # whether the stretch's first entry begins its run (else its run began in another stretch)
-    whole = index != tl.load(sorted_index_ptr + firsts - 1, mask=(firsts > 0) & (firsts < n_entries), other=-1)
-    total = tl.zeros((GROUPS, M_PAD), tl.float32)
+    grad_cols = grad_out_ptr + value_cols  # each lane's columns: a step adds the row's offset
+    target_cols = grad_values_ptr + value_cols
+    total = tl.zeros((PARTS, GROUPS, PART), tl.float32)
     for step in tl.static_range(STEPS):
-        entries = firsts + step
-        ok = tl.full(entries.shape, 1, tl.int1) if EVEN else entries < n_entries
-        # only a stretch's last entry can be the last of all
-        following = tl.load(sorted_index_ptr + entries + 1, mask=entries + 1 < n_entries, other=-1) \
-            if step == STEPS - 1 or not EVEN else tl.load(sorted_index_ptr + entries + 1)
-        entry = tl.load(order_ptr + entries, mask=ok, other=0).to(tl.int32)  # < 2^31: index is int32
-        weight = tl.load(slot_weight_ptr + entry, mask=ok, other=0.0)
-        row = entry.to(tl.uint32) // TOPK  # unsigned: a shift where TOPK is a power of two
-        row = row.to(tl.int64) if WIDE else row.to(tl.int32)
-        grad = tl.load(grad_out_ptr + row[:, None] * M + value_cols, mask=ok[:, None] & value_ok, other=0.0)
-        total += weight[:, None] * grad.to(tl.float32)
-        ends = index != following
-        last = ends | (step == STEPS - 1)  # the run, or its part in the stretch, ends here
-        target = tl.load(target_ptr + entries, mask=ok, other=0) if COMPACT else index
-        target = target.to(tl.int64) if WIDE else target
-        pointers = grad_values_ptr + target[:, None] * M + value_cols
-        tl.store(pointers, total, mask=(ok & whole & ends)[:, None] & value_ok)
-        tl.atomic_add(pointers, total, mask=(ok & last & ((whole & ends) == 0))[:, None] & value_ok, sem="relaxed")
-        total = tl.where(last[:, None], 0.0, total)
-        whole = whole | last  # the next entry begins a run
-        index = following
+        record = record_ptr + (firsts + step) * 4
+        at = tl.load(record)  # entries past n_entries: row 0 with weight 0, nothing written
+        at = at.to(tl.int64) * M if WIDE else tl.multiple_of(at, ALIGN)
+        weight = tl.load(record + 1).to(tl.float32, bitcast=True)
+        target = tl.load(record + 2)
+        target = target.to(tl.int64) * M if WIDE else tl.multiple_of(target, ALIGN)
+        mode = tl.load(record + 3)[None, :, None]
+        grad = tl.load(grad_cols + at[None, :, None], mask=value_ok, other=0.0)
+        if grad_out_ptr.dtype.element_ty == tl.bfloat16:  # the bits shifted into place: no conversion
+            grad = (grad.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+        total += weight[None, :, None] * grad.to(tl.float32)
+        pointers = target_cols + target[None, :, None]
+        tl.store(pointers, total, mask=(mode == 1) & value_ok)
+        tl.atomic_add(pointers, total, mask=(mode == 2) & value_ok, sem="relaxed")
+        total = tl.where(mode != 0, 0.0, total)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -607,11 +629,14 @@ def _segment_sum(grad_rows, index, slot_weight, grad_values, topk, shape):
         rows_read = sorted_index[starts]  # the one host synchronisation: the sparse tensor's size
         grad_values = torch.zeros(rows_read.shape[0], M, dtype=torch.float32, device=index.device)
     if n_entries:
-        lram_lookup_segment_sum_kernel[(triton.cdiv(n_entries, SEGMENT_BLOCK),)](
-            sorted_index, order, slot_weight, grad_rows, target, grad_values, n_entries,
-            M=M, M_PAD=triton.next_power_of_2(max(M, 1)), TOPK=topk, BLOCK=SEGMENT_BLOCK, GROUPS=SEGMENT_GROUPS,
-            COMPACT=compact, EVEN=n_entries % SEGMENT_BLOCK == 0, WIDE=max(grad_rows.shape[0], shape[0]) * M >= 2**31,
-            num_warps=1)
+        M_PAD = triton.next_power_of_2(max(M, 1))
+        part = min(M_PAD, SEGMENT_PART)  # a row's part: PART / 4 lanes, 4 columns each
+        blocks = triton.cdiv(n_entries, SEGMENT_BLOCK)
+        record = torch.empty(blocks * SEGMENT_BLOCK, 4, dtype=torch.int32, device=index.device)  # scratch
+        lram_lookup_segment_sum_kernel[(blocks,)](
+            sorted_index, order, slot_weight, grad_rows, target, grad_values, record, n_entries,
+            M=M, PARTS=M_PAD // part, PART=part, TOPK=topk, BLOCK=SEGMENT_BLOCK, GROUPS=min(SEGMENT_BLOCK, 128 // part),
+            COMPACT=compact, WIDE=max(grad_rows.shape[0], shape[0]) * M >= 2**31, num_warps=1)
     return (rows_read, grad_values) if compact else grad_values
 
 
