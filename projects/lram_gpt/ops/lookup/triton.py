@@ -323,12 +323,16 @@ def lram_lookup_bwd_kernel(
         part_ok = part < TOPK
         part_index = tl.load(index_ptr + row * TOPK + part, mask=part_ok, other=0).to(tl.int64)
         ok = part_ok[:, None] & value_ok[None, :]
-        pointers = part_index[:, None] * M + value_cols[None, :]
+        at = part_index[:, None] * M  # added to each lane's column pointer: one multiply-add a row
         if GRAD_VALUES_ATOMIC:
             part_weight = tl.load(slot_weight_ptr + row * TOPK + part, mask=part_ok, other=0.0)
-            tl.atomic_add(grad_values_ptr + pointers, part_weight[:, None] * g[None, :], mask=ok, sem="relaxed")
+            tl.atomic_add((grad_values_ptr + value_cols[None, :]) + at, part_weight[:, None] * g[None, :], mask=ok,
+                          sem="relaxed")
         if GRAD_X:
-            rows_v = tl.load(values_ptr + pointers, mask=ok, other=0.0).to(tl.float32)
+            rows_v = tl.load((values_ptr + value_cols[None, :]) + at, mask=ok, other=0.0)
+            if values_ptr.dtype.element_ty == tl.bfloat16:  # the bits shifted into place: no conversion
+                rows_v = (rows_v.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+            rows_v = rows_v.to(tl.float32)
             tl.store(along_ptr + row * TOPK + part, tl.sum(rows_v * g[None, :], axis=1), mask=part_ok)
     if GRAD_X:
         tl.debug_barrier()
