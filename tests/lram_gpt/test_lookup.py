@@ -242,6 +242,24 @@ def test_theta_kernel_writes_the_requested_dtype(device):
     torch.testing.assert_close(gv_tri, gv_ref, atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize("values_dtype, value_grad", [(torch.float32, "atomic"), (torch.bfloat16, "segment")],
+                         ids=["fp32values-atomic", "bf16values-segment"])
+def test_theta_backward_from_a_bf16_upstream_gradient(values_dtype, value_grad, device):
+    """A bf16 output gets a bf16 upstream gradient (the kernel reads it through an fp32 copy): with the same
+    bf16-valued gradient in the reference, the gradients agree to fp32 precision."""
+    g = torch.Generator().manual_seed(12)
+    z = torch.randn(7, 16, generator=g, device=device)
+    values = torch.randn(L.memory_size(SMALL), 40, generator=g).to(device, values_dtype)  # m = 40: masked columns
+    grad_out = torch.randn(7, 40, generator=g).to(device, torch.bfloat16)
+    z_ref, v_ref = z.clone().requires_grad_(), values.float().clone().requires_grad_()
+    theta(z_ref, v_ref, SMALL, use_triton=False).backward(grad_out.float())
+    z_tri, v_tri = z.clone().requires_grad_(), values.clone().requires_grad_()
+    theta_triton(z_tri, v_tri, SMALL, value_grad=value_grad, out_dtype=torch.bfloat16).backward(grad_out)
+    torch.testing.assert_close(z_tri.grad, z_ref.grad, atol=1e-4, rtol=1e-4)  # as test_theta_kernel_matches_reference
+    tolerance = 1e-5 if values_dtype == torch.float32 else 1e-2  # fp32 sums rounded once to bf16
+    torch.testing.assert_close(v_tri.grad.float(), v_ref.grad, atol=tolerance, rtol=tolerance)
+
+
 def test_selection_breaks_exact_ties_as_the_reference(device):
     """Queries whose candidates tie exactly at the k-th distance: on lattice points and halfway between two."""
     K = (8,) * 8
