@@ -27,8 +27,8 @@ gathers the k rows once for a_k = g . v_k and returns
     dL/ds   = sum_k u_k^4 a_k
     dL/dv_k += s u_k^4 g                             by relaxed atomics ("atomic"), or without per-entry atomics
                                                      ("segment"): entries sorted by int32 memory index, each
-                                                     block of 32 sorted entries is cut in 4 stretches of 8
-                                                     that 8 lanes each sum in order (one pass over the runs,
+                                                     block of 64 sorted entries is cut in 8 stretches of 8
+                                                     that 4 lanes each sum in order (one pass over the runs,
                                                      no value crossing lanes; where each entry's sum goes is
                                                      found once per block, a lane per entry) and store, runs
                                                      cut by a stretch's edge are added atomically. No host
@@ -55,8 +55,8 @@ from projects.lram_gpt.lattice import (
 
 HEAD_INPUTS = 2 * DIM
 POINTS_PAD = 256  # the 232 points padded to 32 lanes x 8
-SEGMENT_BLOCK = 32  # sorted (row, slot) entries per program of the segment sums
-SEGMENT_PART = 32  # columns of a row part: 8 lanes, 4 each; 128 // SEGMENT_PART stretches summed side by side
+SEGMENT_BLOCK = 64  # sorted (row, slot) entries per program of the segment sums
+SEGMENT_PART = 16  # columns of a row part: 4 lanes, 4 each; 128 // SEGMENT_PART stretches summed side by side
 # Registers per thread: a one-warp program at 64 lets an SM hold 32 of them (its most), 50% occupancy (sm_80,
 # sm_90). ptxas meets the cap without spilling (scripts/kernel_cost.py counts LDL/STL) for theta's forward and
 # every backward; the forward from lattice coordinates (interpolate_triton, lookup_triton) goes uncapped.
@@ -404,7 +404,8 @@ def lram_lookup_segment_sum_kernel(
     grad_values may pass 2^31 (int64 arithmetic)."""
     STEPS: tl.constexpr = BLOCK // GROUPS
     ALIGN: tl.constexpr = M & -M  # the offsets are multiples of M: of its largest power-of-two factor
-    entries = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    # one entry per lane (scalar loads: one layout for all, no shuffles between them)
+    entries = tl.program_id(0) * BLOCK + tl.max_contiguous(tl.arange(0, BLOCK), 1)
     ok = entries < n_entries
     index = tl.load(sorted_index_ptr + entries, mask=ok, other=-1)
     following = tl.load(sorted_index_ptr + entries + 1, mask=entries + 1 < n_entries, other=-1)
