@@ -57,6 +57,10 @@ HEAD_INPUTS = 2 * DIM
 POINTS_PAD = 256  # the 232 points padded to 32 lanes x 8
 SEGMENT_BLOCK = 64  # sorted (row, slot) entries per program of the segment sums
 SEGMENT_PART = 16  # columns of a row part: 4 lanes, 4 each; 128 // SEGMENT_PART stretches summed side by side
+# The segment sums' lanes should run over the stretches and each hold all parts of its row: of two dimensions with
+# the same (unit) stride Triton 3.9 gives the lanes to the inner one, 3.6 to the outer one (scripts/kernel_cost.py:
+# 388 against 516 warp-instructions per lookup), so the parts go outside the stretches from 3.9 on (3.7, 3.8 unseen)
+PARTS_FIRST = tuple(int(part) for part in triton.__version__.split(".")[:2]) >= (3, 9)
 # Registers per thread: a one-warp program at 64 lets an SM hold 32 of them (its most), 50% occupancy (sm_80,
 # sm_90). ptxas meets the cap without spilling (scripts/kernel_cost.py counts LDL/STL) for theta's forward and
 # every backward; the forward from lattice coordinates (interpolate_triton, lookup_triton) goes uncapped.
@@ -387,10 +391,19 @@ def lram_lookup_bwd_kernel(
 
 
 @triton.jit
+def _per_group(x, PARTS_FIRST: tl.constexpr):
+    """A [GROUPS] value of each stretch's entry, broadcast over the parts and columns of its row."""
+    if PARTS_FIRST:
+        return x[None, :, None]
+    else:
+        return x[:, None, None]
+
+
+@triton.jit
 def lram_lookup_segment_sum_kernel(
     sorted_index_ptr, order_ptr, slot_weight_ptr, grad_out_ptr, target_ptr, grad_values_ptr, record_ptr, n_entries,
     M: tl.constexpr, PARTS: tl.constexpr, PART: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr,
-    GROUPS: tl.constexpr, COMPACT: tl.constexpr, WIDE: tl.constexpr,
+    GROUPS: tl.constexpr, PARTS_FIRST: tl.constexpr, COMPACT: tl.constexpr, WIDE: tl.constexpr,
 ):
     """Sums s u^4 g over the runs of equal memory index in one block of the sorted (row, slot) entries, in one
     pass over them: the block is cut into GROUPS stretches of consecutive entries, each summed in order by its
@@ -431,11 +444,15 @@ def lram_lookup_segment_sum_kernel(
     # one layout (4 values a lane, whatever the gradient's dtype), and a step's per-entry work serves them all
     VECTOR: tl.constexpr = min(PART, 4)
     cols = tl.max_contiguous(tl.multiple_of(tl.arange(0, PART), VECTOR), VECTOR)
-    value_cols = tl.arange(0, PARTS)[:, None, None] * PART + cols[None, None, :]
+    if PARTS_FIRST:  # [PARTS, GROUPS, PART] or [GROUPS, PARTS, PART]: see _segment_sum
+        value_cols = tl.arange(0, PARTS)[:, None, None] * PART + cols[None, None, :]
+        total = tl.zeros((PARTS, GROUPS, PART), tl.float32)
+    else:
+        value_cols = tl.arange(0, PARTS)[None, :, None] * PART + cols[None, None, :]
+        total = tl.zeros((GROUPS, PARTS, PART), tl.float32)
     value_ok = value_cols < M
     grad_cols = grad_out_ptr + value_cols  # each lane's columns: a step adds the row's offset
     target_cols = grad_values_ptr + value_cols
-    total = tl.zeros((PARTS, GROUPS, PART), tl.float32)
     for step in tl.static_range(STEPS):
         record = record_ptr + (firsts + step) * 4
         at = tl.load(record)  # entries past n_entries: row 0 with weight 0, nothing written
@@ -443,12 +460,12 @@ def lram_lookup_segment_sum_kernel(
         weight = tl.load(record + 1).to(tl.float32, bitcast=True)
         target = tl.load(record + 2)
         target = target.to(tl.int64) * M if WIDE else tl.multiple_of(target, ALIGN)
-        mode = tl.load(record + 3)[None, :, None]
-        grad = tl.load(grad_cols + at[None, :, None], mask=value_ok, other=0.0)
+        mode = _per_group(tl.load(record + 3), PARTS_FIRST)
+        grad = tl.load(grad_cols + _per_group(at, PARTS_FIRST), mask=value_ok, other=0.0)
         if grad_out_ptr.dtype.element_ty == tl.bfloat16:  # the bits shifted into place: no conversion
             grad = (grad.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-        total += weight[None, :, None] * grad.to(tl.float32)
-        pointers = target_cols + target[None, :, None]
+        total += _per_group(weight, PARTS_FIRST) * grad.to(tl.float32)
+        pointers = target_cols + _per_group(target, PARTS_FIRST)
         tl.store(pointers, total, mask=(mode == 1) & value_ok)
         tl.atomic_add(pointers, total, mask=(mode == 2) & value_ok, sem="relaxed")
         total = tl.where(mode != 0, 0.0, total)
@@ -656,7 +673,7 @@ def _segment_sum(grad_rows, index, slot_weight, grad_values, topk, shape):
         lram_lookup_segment_sum_kernel[(blocks,)](
             sorted_index, order, slot_weight, grad_rows, target, grad_values, record, n_entries,
             M=M, PARTS=M_PAD // part, PART=part, TOPK=topk, BLOCK=SEGMENT_BLOCK, GROUPS=min(SEGMENT_BLOCK, 128 // part),
-            COMPACT=compact, WIDE=max(grad_rows.shape[0], shape[0]) * M >= 2**31, num_warps=1)
+            PARTS_FIRST=PARTS_FIRST, COMPACT=compact, WIDE=max(grad_rows.shape[0], shape[0]) * M >= 2**31, num_warps=1)
     return (rows_read, grad_values) if compact else grad_values
 
 
