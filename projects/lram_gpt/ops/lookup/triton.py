@@ -780,7 +780,8 @@ def threshold_probes(q: torch.Tensor, topk: int = DEFAULT_TOPK):
 def cost_spec(kernel, constants, signature, spec):
     """For scripts/kernel_cost.py: lookups per program, loop trip counts and bytes per lookup of a launch."""
     value_bytes = {"*bf16": 2, "*fp16": 2}.get(signature.get("values_ptr"), 4)
-    topk, m = constants.get("TOPK", 0), constants.get("M_PAD", 0)
+    topk = constants.get("TOPK", 0)
+    m = constants.get("M_PAD", constants.get("PARTS", 0) * constants.get("PART", 0))  # the segment sums' M_PAD
     if kernel == "lram_lookup_fwd_kernel":
         # the threshold search's mean trip count over uniform random queries (seeded)
         generator = torch.Generator().manual_seed(0)
