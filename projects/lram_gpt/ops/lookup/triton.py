@@ -332,8 +332,8 @@ def lram_lookup_bwd_kernel(
             tl.atomic_add(pointers, part_weight[:, None] * g[None, :], mask=part_ok[:, None] & value_ok[None, :],
                           sem="relaxed")
     if GRAD_X:
-        # a_k = g . v_k with a lane per slot, along its own row VECTOR columns at a time (one 16-byte load), so
-        # the sum stays in the lane; every lane reads the same fp32 g (from grad_out, else from a copy in scratch)
+        # a_k = g . v_k with a lane per slot, along its own row VECTOR (4) columns a load, so the sum stays in the
+        # lane (8 columns a load spill in bf16); every lane reads the same fp32 g (grad_out's, else a copy's)
         if grad_out_ptr.dtype.element_ty == tl.float32:
             g_row = grad_out_ptr + row * M
         else:
@@ -343,7 +343,7 @@ def lram_lookup_bwd_kernel(
         slot_index = tl.load(index_ptr + row * TOPK + slots, mask=slot_ok, other=0).to(tl.int64)
         slot_rows = values_ptr + slot_index * M
         products = tl.zeros((TOPK_PAD, VECTOR), tl.float32)
-        for start in tl.range(0, M_PAD, VECTOR, num_stages=1, loop_unroll_factor=1):
+        for start in tl.range(0, M_PAD, VECTOR, num_stages=1):
             vector_cols = start + tl.arange(0, VECTOR)
             vector_ok = vector_cols < M
             rows_v = tl.load(slot_rows[:, None] + vector_cols[None, :], mask=slot_ok[:, None] & vector_ok[None, :],
