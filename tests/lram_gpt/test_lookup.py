@@ -147,6 +147,51 @@ def test_sparse_value_gradient_matches_dense_and_reference(K, n_rows, dtype, dev
     assert torch.equal(rows, naive.lookup(q, K)[0].unique())  # unique and rising: one summed row per location read
 
 
+def run_layouts(n_rows, topk, n_locations, kind):
+    """Memory indices [n_rows, topk] whose sorted runs fall awkwardly for the segment sums' blocks of entries."""
+    g = torch.Generator().manual_seed(n_rows)
+    n = n_rows * topk
+    if kind == "one_run":  # every entry reads one location: a run across every block and stretch
+        return torch.full((n_rows, topk), n_locations // 2, dtype=torch.int32)
+    if kind == "long_runs":  # runs of 5 to 40 entries: many cross a block's or a stretch's edge
+        lengths = torch.randint(5, 41, (n,), generator=g)
+        return torch.repeat_interleave(torch.arange(n) * 3 % n_locations, lengths)[:n].view(n_rows, topk).int()
+    return torch.randint(0, n_locations, (n_rows, topk), generator=g, dtype=torch.int32)  # mostly runs of 1
+
+
+@pytest.mark.parametrize("parts_first", [True, False], ids=["parts-first", "stretches-first"])
+@pytest.mark.parametrize("kind", ["one_run", "long_runs", "random"])
+@pytest.mark.parametrize("n_rows, topk, width, grad_dtype", [
+    pytest.param(5, 32, 64, torch.bfloat16, id="160-entries-bf16"),  # 5 whole blocks of 32 entries
+    pytest.param(7, 9, 40, torch.float32, id="63-entries-fp32"),  # the last block part-filled, m not a power of 2
+    pytest.param(3, 11, 3, torch.bfloat16, id="33-entries-m3-bf16"),  # one entry in the last block, m below a vector
+])
+def test_segment_sums_match_index_add(parts_first, kind, n_rows, topk, width, grad_dtype, device, monkeypatch):
+    """The segment sums (dense and compact) against index_add_ of each entry's weighted gradient row, in both
+    orders of the kernel's dimensions (the launch picks one by Triton version)."""
+    from projects.lram_gpt.ops.lookup import triton as kernels
+    from projects.lram_gpt.ops.lookup.triton import _segment_sum
+
+    monkeypatch.setattr(kernels, "PARTS_FIRST", parts_first)
+
+    n_locations = 50
+    g = torch.Generator().manual_seed(3)
+    index = run_layouts(n_rows, topk, n_locations, kind)
+    slot_weight = torch.rand(n_rows, topk, generator=g)
+    grad_rows = torch.randn(n_rows, width, generator=g).to(grad_dtype)
+    contributions = (slot_weight.double()[:, :, None] * grad_rows.double()[:, None, :]).view(-1, width)
+    expected = torch.zeros(n_locations, width, dtype=torch.float64).index_add_(0, index.view(-1).long(), contributions)
+    index, slot_weight, grad_rows = index.to(device), slot_weight.to(device), grad_rows.to(device)
+    dense = torch.zeros(n_locations, width, device=device)
+    dense = _segment_sum(grad_rows, index, slot_weight, dense, topk, (n_locations, width))
+    # fp32 sums of up to 160 products of order 1: a few 1e-6 relative at most
+    torch.testing.assert_close(dense.cpu().double(), expected, rtol=1e-5, atol=1e-5)
+    rows_read, sums = _segment_sum(grad_rows, index, slot_weight, None, topk, (n_locations, width))
+    read = index.view(-1).unique().cpu()
+    assert torch.equal(rows_read.cpu().long(), read)
+    torch.testing.assert_close(sums.cpu().double(), expected[read], rtol=1e-5, atol=1e-5)
+
+
 # --- the fused read theta (torus query, lookup, scale and cast in one kernel) -----------------------------
 
 def theta_reference_and_triton(z, values, K, value_grad, device, out_dtype=None):
@@ -200,6 +245,24 @@ def test_theta_kernel_writes_the_requested_dtype(device):
     torch.testing.assert_close(out_tri.float(), out_ref, atol=1e-2, rtol=1e-2)  # one bf16 rounding
     torch.testing.assert_close(gz_tri, gz_ref, atol=1e-2, rtol=1e-2)  # from a bf16 upstream gradient
     torch.testing.assert_close(gv_tri, gv_ref, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("values_dtype, value_grad", [(torch.float32, "atomic"), (torch.bfloat16, "segment")],
+                         ids=["fp32values-atomic", "bf16values-segment"])
+def test_theta_backward_from_a_bf16_upstream_gradient(values_dtype, value_grad, device):
+    """A bf16 output gets a bf16 upstream gradient (the kernel reads it through an fp32 copy): with the same
+    bf16-valued gradient in the reference, the gradients agree to fp32 precision."""
+    g = torch.Generator().manual_seed(12)
+    z = torch.randn(7, 16, generator=g, device=device)
+    values = torch.randn(L.memory_size(SMALL), 40, generator=g).to(device, values_dtype)  # m = 40: masked columns
+    grad_out = torch.randn(7, 40, generator=g).to(device, torch.bfloat16)
+    z_ref, v_ref = z.clone().requires_grad_(), values.float().clone().requires_grad_()
+    theta(z_ref, v_ref, SMALL, use_triton=False).backward(grad_out.float())
+    z_tri, v_tri = z.clone().requires_grad_(), values.clone().requires_grad_()
+    theta_triton(z_tri, v_tri, SMALL, value_grad=value_grad, out_dtype=torch.bfloat16).backward(grad_out)
+    torch.testing.assert_close(z_tri.grad, z_ref.grad, atol=1e-4, rtol=1e-4)  # as test_theta_kernel_matches_reference
+    tolerance = 1e-5 if values_dtype == torch.float32 else 1e-2  # fp32 sums rounded once to bf16
+    torch.testing.assert_close(v_tri.grad.float(), v_ref.grad, atol=tolerance, rtol=tolerance)
 
 
 def test_selection_breaks_exact_ties_as_the_reference(device):

@@ -29,10 +29,11 @@ gathers the k rows once for a_k = g . v_k and returns
     dL/ds   = sum_k u_k^4 a_k
     dL/dv_k += s u_k^4 g                             by relaxed atomics ("atomic"), or without per-entry atomics
                                                      ("segment"): entries sorted by int32 memory index, each
-                                                     block of 32 sorted entries is cut in 2 stretches of 16
-                                                     that a half-warp each sums in order (one pass over the
-                                                     runs, no value crossing lanes) and stores, runs cut by a
-                                                     stretch's edge are added atomically. No host
+                                                     block of 64 sorted entries is cut in 8 stretches of 8
+                                                     that 4 lanes each sum in order (one pass over the runs,
+                                                     no value crossing lanes; where each entry's sum goes is
+                                                     found once per block, a lane per entry) and store, runs
+                                                     cut by a stretch's edge are added atomically. No host
                                                      synchronisation on the dense path.
 With sparse=True the value gradient is a sparse COO tensor of the rows read (the segment sums written
 compactly; the number of rows read is the one host synchronisation of that path).
@@ -56,8 +57,12 @@ from projects.lram_gpt.lattice import (
 
 HEAD_INPUTS = 2 * DIM
 POINTS_PAD = 256  # the 232 points padded to 32 lanes x 8
-SEGMENT_BLOCK = 32  # sorted (row, slot) entries per program of the segment sums
-SEGMENT_GROUPS = 2  # stretches of consecutive entries a program sums side by side, each in order
+SEGMENT_BLOCK = 64  # sorted (row, slot) entries per program of the segment sums
+SEGMENT_PART = 16  # columns of a row part: 4 lanes, 4 each; 128 // SEGMENT_PART stretches summed side by side
+# The segment sums' lanes should run over the stretches and each hold all parts of its row: of two dimensions with
+# the same (unit) stride Triton 3.9 gives the lanes to the inner one, 3.6 to the outer one (scripts/kernel_cost.py:
+# 388 against 516 warp-instructions per lookup), so the parts go outside the stretches from 3.9 on (3.7, 3.8 unseen)
+PARTS_FIRST = tuple(int(part) for part in triton.__version__.split(".")[:2]) >= (3, 9)
 # Registers per thread: a one-warp program at 64 lets an SM hold 32 of them (its most), 50% occupancy (sm_80,
 # sm_90). ptxas meets the cap without spilling (scripts/kernel_cost.py counts LDL/STL) for theta's forward and
 # every backward; the forward from lattice coordinates (interpolate_triton, lookup_triton) goes uncapped.
@@ -328,11 +333,11 @@ def lram_lookup_fwd_kernel(
 
 @triton.jit
 def lram_lookup_bwd_kernel(
-    x_ptr, values_ptr, grad_out_ptr, grad_x_ptr, grad_values_ptr, slot_weight_ptr, along_ptr,
+    x_ptr, values_ptr, grad_out_ptr, grad_x_ptr, grad_values_ptr, slot_weight_ptr, grad32_ptr,
     cand_ptr, index_ptr, zf_ptr, frame_ptr, scale_ptr,
     freq_ptr, points_ptr,
     M: tl.constexpr, M_PAD: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr,
-    FROM_Q: tl.constexpr, GRAD_X: tl.constexpr, GRAD_VALUES_ATOMIC: tl.constexpr,
+    VECTOR: tl.constexpr, FROM_Q: tl.constexpr, GRAD_X: tl.constexpr, GRAD_VALUES_ATOMIC: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, COORDS)
@@ -349,23 +354,39 @@ def lram_lookup_bwd_kernel(
     weight = (u * u) * (u * u)
     tl.store(slot_weight_ptr + row * TOPK + slots, scale * weight, mask=slot_ok)  # the segment sums read it
     tl.debug_barrier()
-    # the rows, CHUNK at a time: a_k = g . v_k (through memory, back to one slot per lane) and the value gradient
     g = tl.load(grad_out_ptr + row * M + value_cols, mask=value_ok, other=0.0).to(tl.float32)
-    for chunk in tl.range(TOPK_PAD // CHUNK, num_stages=1):
-        part = chunk * CHUNK + tl.arange(0, CHUNK)
-        part_ok = part < TOPK
-        part_index = tl.load(index_ptr + row * TOPK + part, mask=part_ok, other=0).to(tl.int64)
-        ok = part_ok[:, None] & value_ok[None, :]
-        pointers = part_index[:, None] * M + value_cols[None, :]
-        if GRAD_VALUES_ATOMIC:
+    if GRAD_VALUES_ATOMIC:  # the rows' gradients, CHUNK rows at a time, each row's columns across the lanes
+        for chunk in tl.range(TOPK_PAD // CHUNK, num_stages=1):
+            part = chunk * CHUNK + tl.arange(0, CHUNK)
+            part_ok = part < TOPK
+            part_index = tl.load(index_ptr + row * TOPK + part, mask=part_ok, other=0).to(tl.int64)
             part_weight = tl.load(slot_weight_ptr + row * TOPK + part, mask=part_ok, other=0.0)
-            tl.atomic_add(grad_values_ptr + pointers, part_weight[:, None] * g[None, :], mask=ok, sem="relaxed")
-        if GRAD_X:
-            rows_v = tl.load(values_ptr + pointers, mask=ok, other=0.0).to(tl.float32)
-            tl.store(along_ptr + row * TOPK + part, tl.sum(rows_v * g[None, :], axis=1), mask=part_ok)
+            # each lane's column pointer plus the row's offset: one multiply-add a row
+            pointers = (grad_values_ptr + value_cols[None, :]) + part_index[:, None] * M
+            tl.atomic_add(pointers, part_weight[:, None] * g[None, :], mask=part_ok[:, None] & value_ok[None, :],
+                          sem="relaxed")
     if GRAD_X:
-        tl.debug_barrier()
-        along = tl.load(along_ptr + row * TOPK + slots, mask=slot_ok, other=0.0)
+        # a_k = g . v_k with a lane per slot, along its own row VECTOR (4) columns a load, so the sum stays in the
+        # lane (8 columns a load spill in bf16); every lane reads the same fp32 g (grad_out's, else a copy's)
+        if grad_out_ptr.dtype.element_ty == tl.float32:
+            g_row = grad_out_ptr + row * M
+        else:
+            g_row = grad32_ptr + row * M_PAD
+            tl.store(g_row + value_cols, g)
+            tl.debug_barrier()  # written by other lanes
+        slot_index = tl.load(index_ptr + row * TOPK + slots, mask=slot_ok, other=0).to(tl.int64)
+        slot_rows = values_ptr + slot_index * M
+        products = tl.zeros((TOPK_PAD, VECTOR), tl.float32)
+        for start in tl.range(0, M_PAD, VECTOR, num_stages=1):
+            vector_cols = start + tl.arange(0, VECTOR)
+            vector_ok = vector_cols < M
+            rows_v = tl.load(slot_rows[:, None] + vector_cols[None, :], mask=slot_ok[:, None] & vector_ok[None, :],
+                             other=0.0)
+            if values_ptr.dtype.element_ty == tl.bfloat16:  # the bits shifted into place: no conversion
+                rows_v = (rows_v.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+            g_vector = tl.load(g_row + vector_cols, mask=vector_ok, other=0.0).to(tl.float32)
+            products += rows_v.to(tl.float32) * g_vector[None, :]
+        along = tl.sum(products, axis=1)
         # dL/dz_F / s: the scale enters below as a ratio, so no product of it over- or underflows
         grad_zf = -tl.sum((along * (u * u * u))[:, None] * diff, axis=0)
         frame = tl.load(frame_ptr + row)
@@ -404,49 +425,84 @@ def lram_lookup_bwd_kernel(
 
 
 @triton.jit
+def _per_group(x, PARTS_FIRST: tl.constexpr):
+    """A [GROUPS] value of each stretch's entry, broadcast over the parts and columns of its row."""
+    if PARTS_FIRST:
+        return x[None, :, None]
+    else:
+        return x[:, None, None]
+
+
+@triton.jit
 def lram_lookup_segment_sum_kernel(
-    sorted_index_ptr, order_ptr, slot_weight_ptr, grad_out_ptr, target_ptr, grad_values_ptr, n_entries,
-    M: tl.constexpr, M_PAD: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr, GROUPS: tl.constexpr,
-    COMPACT: tl.constexpr, EVEN: tl.constexpr, WIDE: tl.constexpr,
+    sorted_index_ptr, order_ptr, slot_weight_ptr, grad_out_ptr, target_ptr, grad_values_ptr, record_ptr, n_entries,
+    M: tl.constexpr, PARTS: tl.constexpr, PART: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr,
+    GROUPS: tl.constexpr, PARTS_FIRST: tl.constexpr, COMPACT: tl.constexpr, WIDE: tl.constexpr,
 ):
     """Sums s u^4 g over the runs of equal memory index in one block of the sorted (row, slot) entries, in one
     pass over them: the block is cut into GROUPS stretches of consecutive entries, each summed in order by its
     own lanes (M / (32 / GROUPS) values per lane), so that no sum crosses lanes; each step adds one entry per
     stretch and writes the sum where a run (or its part in the stretch) ends.
 
+    What a step needs of its entry (the gradient row, the weight, where its sum goes and how) is found first for
+    the whole block, one entry per lane, and kept as a record of 4 int32 in record_ptr for the steps to read.
     A run that starts and ends in the stretch is stored (its row has no other writer); one cut by the stretch's
-    edge is added atomically, so the dense gradient must start at zero. EVEN: n_entries is a multiple of BLOCK
-    (no entry is masked); WIDE: offsets into grad_out or grad_values may pass 2^31 (int64 arithmetic)."""
+    edge is added atomically, so the dense gradient must start at zero. WIDE: offsets into grad_out or
+    grad_values may pass 2^31 (int64 arithmetic)."""
     STEPS: tl.constexpr = BLOCK // GROUPS
+    ALIGN: tl.constexpr = M & -M  # the offsets are multiples of M: of its largest power-of-two factor
+    # one entry per lane (scalar loads: one layout for all, no shuffles between them)
+    entries = tl.program_id(0) * BLOCK + tl.max_contiguous(tl.arange(0, BLOCK), 1)
+    ok = entries < n_entries
+    index = tl.load(sorted_index_ptr + entries, mask=ok, other=-1)
+    following = tl.load(sorted_index_ptr + entries + 1, mask=entries + 1 < n_entries, other=-1)
+    # the entry before the stretch: a run of its index began before the stretch (its part here is added)
+    before = entries - entries % STEPS - 1
+    outside = tl.load(sorted_index_ptr + before, mask=(before >= 0) & ok, other=-1)
+    entry = tl.load(order_ptr + entries, mask=ok, other=0).to(tl.int32)  # < 2^31: index is int32
+    weight = tl.load(slot_weight_ptr + entry, mask=ok, other=0.0)
+    row = (entry.to(tl.uint32) // TOPK).to(tl.int32)  # unsigned: a shift where TOPK is a power of two
+    ends = index != following
+    last = ends | (entries % STEPS == STEPS - 1)  # the run, or its part in the stretch, ends here
+    mode = tl.where(ok & last, tl.where(ends & (index != outside), 1, 2), 0)  # 1: store, 2: add atomically
+    target = tl.load(target_ptr + entries, mask=ok, other=0) if COMPACT else index
+    record = record_ptr + entries * 4
+    tl.store(record, row if WIDE else row * M)  # WIDE: the row, else its offset
+    tl.store(record + 1, weight.to(tl.int32, bitcast=True))
+    tl.store(record + 2, target if WIDE else target * M)
+    tl.store(record + 3, mode)
+    tl.debug_barrier()  # the records were written by other lanes
+
     firsts = tl.program_id(0) * BLOCK + tl.arange(0, GROUPS) * STEPS  # each stretch's first entry
-    value_cols = tl.arange(0, M_PAD)[None, :]
+    # a lane holds 4 columns in each of the row's PARTS parts: the gradient's loads and the sums' stores share
+    # one layout (4 values a lane, whatever the gradient's dtype), and a step's per-entry work serves them all
+    VECTOR: tl.constexpr = min(PART, 4)
+    cols = tl.max_contiguous(tl.multiple_of(tl.arange(0, PART), VECTOR), VECTOR)
+    if PARTS_FIRST:  # [PARTS, GROUPS, PART] or [GROUPS, PARTS, PART]: see _segment_sum
+        value_cols = tl.arange(0, PARTS)[:, None, None] * PART + cols[None, None, :]
+        total = tl.zeros((PARTS, GROUPS, PART), tl.float32)
+    else:
+        value_cols = tl.arange(0, PARTS)[None, :, None] * PART + cols[None, None, :]
+        total = tl.zeros((GROUPS, PARTS, PART), tl.float32)
     value_ok = value_cols < M
-    index = tl.load(sorted_index_ptr + firsts, mask=firsts < n_entries, other=-1)
-    # whether the stretch's first entry begins its run (else its run began in another stretch)
-    whole = index != tl.load(sorted_index_ptr + firsts - 1, mask=(firsts > 0) & (firsts < n_entries), other=-1)
-    total = tl.zeros((GROUPS, M_PAD), tl.float32)
+    grad_cols = grad_out_ptr + value_cols  # each lane's columns: a step adds the row's offset
+    target_cols = grad_values_ptr + value_cols
     for step in tl.static_range(STEPS):
-        entries = firsts + step
-        ok = tl.full(entries.shape, 1, tl.int1) if EVEN else entries < n_entries
-        # only a stretch's last entry can be the last of all
-        following = tl.load(sorted_index_ptr + entries + 1, mask=entries + 1 < n_entries, other=-1) \
-            if step == STEPS - 1 or not EVEN else tl.load(sorted_index_ptr + entries + 1)
-        entry = tl.load(order_ptr + entries, mask=ok, other=0).to(tl.int32)  # < 2^31: index is int32
-        weight = tl.load(slot_weight_ptr + entry, mask=ok, other=0.0)
-        row = entry.to(tl.uint32) // TOPK  # unsigned: a shift where TOPK is a power of two
-        row = row.to(tl.int64) if WIDE else row.to(tl.int32)
-        grad = tl.load(grad_out_ptr + row[:, None] * M + value_cols, mask=ok[:, None] & value_ok, other=0.0)
-        total += weight[:, None] * grad.to(tl.float32)
-        ends = index != following
-        last = ends | (step == STEPS - 1)  # the run, or its part in the stretch, ends here
-        target = tl.load(target_ptr + entries, mask=ok, other=0) if COMPACT else index
-        target = target.to(tl.int64) if WIDE else target
-        pointers = grad_values_ptr + target[:, None] * M + value_cols
-        tl.store(pointers, total, mask=(ok & whole & ends)[:, None] & value_ok)
-        tl.atomic_add(pointers, total, mask=(ok & last & ((whole & ends) == 0))[:, None] & value_ok, sem="relaxed")
-        total = tl.where(last[:, None], 0.0, total)
-        whole = whole | last  # the next entry begins a run
-        index = following
+        record = record_ptr + (firsts + step) * 4
+        at = tl.load(record)  # entries past n_entries: row 0 with weight 0, nothing written
+        at = at.to(tl.int64) * M if WIDE else tl.multiple_of(at, ALIGN)
+        weight = tl.load(record + 1).to(tl.float32, bitcast=True)
+        target = tl.load(record + 2)
+        target = target.to(tl.int64) * M if WIDE else tl.multiple_of(target, ALIGN)
+        mode = _per_group(tl.load(record + 3), PARTS_FIRST)
+        grad = tl.load(grad_cols + _per_group(at, PARTS_FIRST), mask=value_ok, other=0.0)
+        if grad_out_ptr.dtype.element_ty == tl.bfloat16:  # the bits shifted into place: no conversion
+            grad = (grad.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+        total += _per_group(weight, PARTS_FIRST) * grad.to(tl.float32)
+        pointers = target_cols + _per_group(target, PARTS_FIRST)
+        tl.store(pointers, total, mask=(mode == 1) & value_ok)
+        tl.atomic_add(pointers, total, mask=(mode == 2) & value_ok, sem="relaxed")
+        total = tl.where(mode != 0, 0.0, total)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -542,13 +598,16 @@ def lookup_bwd(x_rows, values, grad_rows, cand, index, zf, frame, scale, K, topk
     dense = value_grad in ("atomic", "segment")
     grad_values = torch.zeros(values.shape, dtype=torch.float32, device=values.device) if dense else None
     slot_weight = torch.empty(n, topk, dtype=torch.float32, device=x_rows.device)
-    along = torch.empty(n, topk, dtype=torch.float32, device=x_rows.device) if need_x else None  # g . v_k
+    # scratch: an fp32 copy of the output gradient, which every lane reads whole (a_k = g . v_k)
+    grad32 = torch.empty(n, triton.next_power_of_2(M), dtype=torch.float32, device=x_rows.device) \
+        if need_x and grad_rows.dtype != torch.float32 else None
     freq, _, _, _, _, points16 = _tables(K, x_rows.device)
     if n and (need_x or value_grad != "none"):
         lram_lookup_bwd_kernel[(n,)](
             x_rows, values if need_x else None, grad_rows, grad_x, grad_values if atomic else None, slot_weight,
-            along, cand, index, zf, frame if need_x else None, scale, freq, points16,
-            CHUNK=min(8, triton.next_power_of_2(topk)), FROM_Q=from_q, GRAD_X=need_x, GRAD_VALUES_ATOMIC=atomic,
+            grad32, cand, index, zf, frame if need_x else None, scale, freq, points16,
+            CHUNK=min(8, triton.next_power_of_2(topk)), VECTOR=min(triton.next_power_of_2(M), 4),
+            FROM_Q=from_q, GRAD_X=need_x, GRAD_VALUES_ATOMIC=atomic,
             num_warps=1, maxnreg=REGISTERS, **_meta(topk, M))
     if value_grad in ("segment", "sparse"):
         grad_values = _segment_sum(grad_rows, index, slot_weight, grad_values, topk, values.shape)
@@ -646,11 +705,14 @@ def _segment_sum(grad_rows, index, slot_weight, grad_values, topk, shape):
         rows_read = sorted_index[starts]  # the one host synchronisation: the sparse tensor's size
         grad_values = torch.zeros(rows_read.shape[0], M, dtype=torch.float32, device=index.device)
     if n_entries:
-        lram_lookup_segment_sum_kernel[(triton.cdiv(n_entries, SEGMENT_BLOCK),)](
-            sorted_index, order, slot_weight, grad_rows, target, grad_values, n_entries,
-            M=M, M_PAD=triton.next_power_of_2(max(M, 1)), TOPK=topk, BLOCK=SEGMENT_BLOCK, GROUPS=SEGMENT_GROUPS,
-            COMPACT=compact, EVEN=n_entries % SEGMENT_BLOCK == 0, WIDE=max(grad_rows.shape[0], shape[0]) * M >= 2**31,
-            num_warps=1)
+        M_PAD = triton.next_power_of_2(max(M, 1))
+        part = min(M_PAD, SEGMENT_PART)  # a row's part: PART / 4 lanes, 4 columns each
+        blocks = triton.cdiv(n_entries, SEGMENT_BLOCK)
+        record = torch.empty(blocks * SEGMENT_BLOCK, 4, dtype=torch.int32, device=index.device)  # scratch
+        lram_lookup_segment_sum_kernel[(blocks,)](
+            sorted_index, order, slot_weight, grad_rows, target, grad_values, record, n_entries,
+            M=M, PARTS=M_PAD // part, PART=part, TOPK=topk, BLOCK=SEGMENT_BLOCK, GROUPS=min(SEGMENT_BLOCK, 128 // part),
+            PARTS_FIRST=PARTS_FIRST, COMPACT=compact, WIDE=max(grad_rows.shape[0], shape[0]) * M >= 2**31, num_warps=1)
     return (rows_read, grad_values) if compact else grad_values
 
 
@@ -761,7 +823,8 @@ def threshold_probes(q: torch.Tensor, topk: int = DEFAULT_TOPK):
 def cost_spec(kernel, constants, signature, spec):
     """For scripts/kernel_cost.py: lookups per program, loop trip counts and bytes per lookup of a launch."""
     value_bytes = {"*bf16": 2, "*fp16": 2}.get(signature.get("values_ptr"), 4)
-    topk, m = constants.get("TOPK", 0), constants.get("M_PAD", 0)
+    topk = constants.get("TOPK", 0)
+    m = constants.get("M_PAD", constants.get("PARTS", 0) * constants.get("PART", 0))  # the segment sums' M_PAD
     if kernel == "lram_lookup_fwd_kernel":
         # the threshold search's mean trip count over uniform random queries (seeded)
         generator = torch.Generator().manual_seed(0)
@@ -776,10 +839,11 @@ def cost_spec(kernel, constants, signature, spec):
     if kernel == "lram_lookup_bwd_kernel":
         moved = topk * m * value_bytes * constants["GRAD_X"] + topk * m * 4 * constants["GRAD_VALUES_ATOMIC"]
         moved += 16 * 8 + m * 2 + topk * 6 + 40 + topk * 4 * (1 + constants["GRAD_X"])
+        moved += m * 4 * constants["GRAD_X"] * (signature.get("grad_out_ptr") != "*fp32")  # the fp32 copy of g
         return spec(1, [triton.next_power_of_2(topk) // constants["CHUNK"]], moved,
                     f"a lookup: one head reading its {topk} rows of m = {m} values")
     if kernel == "lram_lookup_segment_sum_kernel":  # per lookup: its TOPK entries; a row's gradient is written about once
-        per_entry = m * 4 + 4 + 8 + 4 + 4 * constants["COMPACT"]
+        per_entry = m * 4 + 4 + 8 + 4 + 4 * constants["COMPACT"] + 16  # 16: the entry's record, written once
         return spec(constants["BLOCK"] / topk, [], topk * per_entry + topk * m * 4,
                     "a block of entries summed in stretches, one entry per stretch a step (straight-line code)")
     return None
