@@ -9,8 +9,9 @@
 #   OUT=/path/to/results bash projects/lram_gpt/gpu_check_v2.sh     (from any folder; it runs in the repository root)
 #   BASE=95266e1 OUT=... bash projects/lram_gpt/gpu_check_v2.sh     first times the kernels of commit BASE (the v2
 #       kernels profiled on an H200 before issue 34's trims; 8c3bf07: before issue 34) on the same GPU, from a
-#       `git archive` of it in $OUT/base: compare $OUT/base_bench_bf16/*.csv with $OUT/*bf16.csv (scripts/report_memory_layers.py prints either) and keep
-#       the faster kernels where both pass their tests. Needs a git checkout with that commit.
+#       `git archive` of it in $OUT/base: compare $OUT/base_bench_bf16/*.csv with $OUT/*bf16.csv
+#       (scripts/report_memory_layers.py prints either) and keep the faster kernels where both pass their tests.
+#       Needs a git checkout with that commit.
 #   SKIP_TESTS=1 OUT=... bash projects/lram_gpt/gpu_check_v2.sh      leaves out the kernel tests (run elsewhere)
 set -u
 
