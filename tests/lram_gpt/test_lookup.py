@@ -163,7 +163,7 @@ def run_layouts(n_rows, topk, n_locations, kind):
 @pytest.mark.parametrize("kind", ["one_run", "long_runs", "random"])
 @pytest.mark.parametrize("n_rows, topk, width, grad_dtype", [
     pytest.param(5, 32, 64, torch.bfloat16, id="160-entries-bf16"),  # 2 whole blocks of 64 entries and a half
-    pytest.param(7, 9, 40, torch.float32, id="63-entries-fp32"),  # one block, all but its last entry; m not a power of 2
+    pytest.param(7, 9, 40, torch.float32, id="63-entries-fp32"),  # a block but its last entry; m not a power of 2
     pytest.param(3, 11, 3, torch.bfloat16, id="33-entries-m3-bf16"),  # half a block, m below a vector
 ])
 def test_segment_sums_match_index_add(parts_first, kind, n_rows, topk, width, grad_dtype, device, monkeypatch):
