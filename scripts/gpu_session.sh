@@ -186,8 +186,8 @@ bench_neural_bloom() {  # Table 5.2 of Rae's thesis on the GPU: the Neural Bloom
     python projects/neural_bloom/bench.py --task timing --device cuda --out "$OUT/neural_bloom_timing.json"
 }
 
-export -f env_report kernel_tests throughput_sweep throughput_row bench_qlstm bench_memory_layers bench_pkm_torch_search \
-    train_smoke feedback_tests bench_feedback switch_gpt_check several_gpus bench_neural_bloom
+export -f env_report kernel_tests throughput_sweep throughput_row bench_qlstm bench_memory_layers \
+    bench_pkm_torch_search train_smoke feedback_tests bench_feedback switch_gpt_check several_gpus bench_neural_bloom
 
 ORDER="env tests switch_gpt throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt bench_qlstm
        bench_memory_bf16 bench_memory_fp32 bench_pkm_torch_search bench_sam_topk bench_neural_bloom

@@ -441,8 +441,8 @@ def lram_lookup_segment_sum_kernel(
 ):
     """Sums s u^4 g over the runs of equal memory index in one block of the sorted (row, slot) entries, in one
     pass over them: the block is cut into GROUPS stretches of consecutive entries, each summed in order by its
-    own lanes (M / (32 / GROUPS) values per lane), so that no sum crosses lanes; each step adds one entry per
-    stretch and writes the sum where a run (or its part in the stretch) ends.
+    own lanes (4 columns of each of the row's PARTS parts a lane), so that no sum crosses lanes; each step adds
+    one entry per stretch and writes the sum where a run (or its part in the stretch) ends.
 
     What a step needs of its entry (the gradient row, the weight, where its sum goes and how) is found first for
     the whole block, one entry per lane, and kept as a record of 4 int32 in record_ptr for the steps to read.
@@ -842,7 +842,7 @@ def cost_spec(kernel, constants, signature, spec):
         moved += m * 4 * constants["GRAD_X"] * (signature.get("grad_out_ptr") != "*fp32")  # the fp32 copy of g
         return spec(1, [triton.next_power_of_2(topk) // constants["CHUNK"]], moved,
                     f"a lookup: one head reading its {topk} rows of m = {m} values")
-    if kernel == "lram_lookup_segment_sum_kernel":  # per lookup: its TOPK entries; a row's gradient is written about once
+    if kernel == "lram_lookup_segment_sum_kernel":  # per lookup: its TOPK entries; a row's gradient written ~once
         per_entry = m * 4 + 4 + 8 + 4 + 4 * constants["COMPACT"] + 16  # 16: the entry's record, written once
         return spec(constants["BLOCK"] / topk, [], topk * per_entry + topk * m * 4,
                     "a block of entries summed in stretches, one entry per stretch a step (straight-line code)")
