@@ -44,6 +44,12 @@ from languini.trainer import (NonFiniteLoss, TrainConfig, Trainer, close_distrib
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+def child_python_path() -> str:
+    """PYTHONPATH for a child process: the repository first, then the caller's (packages installed beside the
+    environment, as on machines without a package index, must stay importable)."""
+    return os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+
+
 @dataclass
 class RunConfig:
     """Where a run reads its data and writes its records: nothing here changes what is trained (TrainConfig)."""

@@ -19,7 +19,7 @@
 #   feedback_train = throughput_feedback (420) train_feedback (150)  speed against the GPT; not in the default order)
 #   memory_options = train_lram_gpt_options (100) train_pkm_gpt_options (100)  (two blocks sharing one gated memory)
 #   several_gpus (420; memory shards and experts split over 2 GPUs against copied ones; skipped with one GPU)
-#   rows = row_switch_gpt row_compressive row_shortformer row_shortformer_128 row_feedback row_sam (50-70 each: one
+#   rows = row_switch_gpt row_compressive row_shortformer row_shortformer_128 row_feedback row_sam (50-150 each: one
 #          batch size, no sweep, an RTX 3090 row derived from GPT small); rows_compiled (90 each, --compile true)
 # Throughput rows are appended to copies of the registries in $OUT/throughput/<project>.csv, not to projects/.
 # The memory layers, which have no published rows, also get a row derived for the paper's RTX 3090 by ratio to
@@ -223,7 +223,7 @@ declare -A STEPS=(
     [row_shortformer]="50 throughput_row shortformer 64"
     [row_shortformer_128]="50 throughput_row shortformer 256 --seq_len 128"
     [row_feedback]="70 throughput_row feedback 64"
-    [row_sam]="70 throughput_row sam 64"
+    [row_sam]="150 throughput_row sam 64 --warmup 1"
     [row_switch_gpt_compiled]="90 throughput_row switch_gpt 64 --compile true"
     [row_compressive_compiled]="90 throughput_row compressive 64 --compile true"
     [row_shortformer_compiled]="90 throughput_row shortformer 64 --compile true"

@@ -4,11 +4,11 @@
 # (bf16, then fp32 with TF32 off), PKM with the Triton product-key search (the baseline) and with torch.topk
 # (the old path). Every step writes to $OUT/<step>.txt as it runs (the benchmark also its CSV, row by row), has
 # its own timeout and does not stop the ones after it; $OUT/summary.tsv lists step, exit code, seconds.
-# Timeouts sum to 470 s (+ 215 s with BASE).
+# Timeouts sum to 560 s (+ 215 s with BASE).
 #
 #   OUT=/path/to/results bash projects/lram_gpt/gpu_check_v2.sh     (from any folder; it runs in the repository root)
-#   BASE=95266e1 OUT=... bash projects/lram_gpt/gpu_check_v2.sh     first times the kernels of commit BASE (the v2
-#       kernels profiled on an H200 before issue 34's trims; 8c3bf07: before issue 34) on the same GPU, from a
+#   BASE=5b931a2 OUT=... bash projects/lram_gpt/gpu_check_v2.sh     first times the kernels of commit BASE (5b931a2:
+#       issue 34's trims with a lane per slot in the backward; 95266e1: before the trims) on the same GPU, from a
 #       `git archive` of it in $OUT/base: compare $OUT/base_bench_bf16/*.csv with $OUT/*bf16.csv
 #       (scripts/report_memory_layers.py prints either) and keep the faster kernels where both pass their tests.
 #       Needs a git checkout with that commit.
@@ -57,9 +57,9 @@ for grad in atomic segment; do
 done
 step profile_lram_768_forward 20 python scripts/profile_memory_layer.py --layer lram --width 768 \
     --memory_size 2^18 --mode forward --rows 8
-step bench_bf16 100 python scripts/bench_memory_layers.py --precision bf16 --widths 512,768 \
+step bench_bf16 150 python scripts/bench_memory_layers.py --precision bf16 --widths 512,768 \
     --params 2^20,2^24,2^28 --repeats 5 --warmup 2 --out "$OUT"
-step bench_fp32 80 python scripts/bench_memory_layers.py --precision fp32 --widths 768,4096 \
+step bench_fp32 120 python scripts/bench_memory_layers.py --precision fp32 --widths 768,4096 \
     --params 2^24,2^28 --repeats 5 --warmup 2 --out "$OUT"
 # PKM's own time: the search kernels against torch.topk (the old baseline) on the same sizes
 step profile_pkm_768 25 python scripts/profile_memory_layer.py --layer pkm --width 768 --rows 12

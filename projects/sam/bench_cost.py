@@ -34,6 +34,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 import torch
 
+from languini.experiment import child_python_path
 from languini.flags import Parser
 
 KINDS = ("sam", "sam_faiss", "sdnc", "dam", "dnc", "lstm")
@@ -95,7 +96,7 @@ def measure(kind: str, words: int, mode: str, batch: int, steps: int, repeats: i
     spec = json.dumps({"kind": kind, "words": words, "mode": mode, "batch": batch, "steps": steps,
                        "repeats": repeats, "warmup": warmup, "threads": threads, "overrides": overrides})
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": str(root), "MALLOC_MMAP_THRESHOLD_": "65536"}
+    env = {**os.environ, "PYTHONPATH": child_python_path(), "MALLOC_MMAP_THRESHOLD_": "65536"}
     result = subprocess.run([sys.executable, "-m", "projects.sam.bench_cost", "--child", spec], cwd=root,
                             capture_output=True, text=True, timeout=timeout, env=env)
     if result.returncode:

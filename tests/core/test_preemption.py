@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from languini import checkpoint, run_folder
-from languini.experiment import REPO_ROOT, main
+from languini.experiment import REPO_ROOT, child_python_path, main
 from languini.stop import EXIT_UNFINISHED, STOP_SIGNALS, StopRequested, StopSignals
 from projects.gpt import configs
 from projects.gpt.model import Model
@@ -31,7 +31,7 @@ LAUNCH_FIELDS = {"finished", "train_config"}
 
 def train(project, args, processes=1, **signal_env):
     """Run a project's training in fresh processes; SIGNAL/SIGNAL_AT/SIGNAL_RANK make one signal itself."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT), **signal_env}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": child_python_path(), **signal_env}
     launcher = (["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
                 if processes > 1 else [])
     script = str(REPO_ROOT / "tests" / "core" / "signalling_train.py")

@@ -14,7 +14,7 @@ import torch
 
 from languini import datasets, measure, throughput
 from languini.books import BooksDataset
-from languini.experiment import REPO_ROOT, main
+from languini.experiment import REPO_ROOT, child_python_path, main
 from languini.measure import Measurement
 from languini.stop import EXIT_UNFINISHED
 from languini.trainer import TrainConfig, Trainer, ramp_times_cosine, warmup_steps, warmup_then_cosine
@@ -496,7 +496,7 @@ def test_default_corpus_only_without_a_prepared_dataset(default_corpus_root, dat
 
 def run_script(project, args, processes=1, check=True) -> int:
     """Runs train.py (under torchrun with processes > 1); its exit code, which must be 0 if `check`."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": child_python_path()}
     script = str(REPO_ROOT / "projects" / project / "train.py")
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)] if processes > 1 else []
     return subprocess.run([sys.executable, *launcher, script, *args], check=check, env=env,
@@ -627,3 +627,12 @@ def test_short_runs_warm_up_for_a_tenth_of_their_steps():
     # a 72-step run reaches the peak learning rate at step 7, then decays
     assert ramp_times_cosine(6, 72, warmup_steps(TrainConfig(), 72), 0.01) == pytest.approx(
         0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi * 7 / 72)))
+
+
+def test_child_processes_keep_the_callers_python_path(monkeypatch):
+    """Packages installed beside the environment (PYTHONPATH, as on machines without a package index) stay
+    importable in the training processes the tests and benchmarks start."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/opt/site", "/opt/more"]))
+    assert child_python_path().split(os.pathsep) == [str(REPO_ROOT), "/opt/site", "/opt/more"]
+    monkeypatch.delenv("PYTHONPATH")
+    assert child_python_path() == str(REPO_ROOT)

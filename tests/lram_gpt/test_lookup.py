@@ -250,10 +250,10 @@ def test_theta_kernel_writes_the_requested_dtype(device):
 @pytest.mark.parametrize("values_dtype, value_grad", [(torch.float32, "atomic"), (torch.bfloat16, "segment")],
                          ids=["fp32values-atomic", "bf16values-segment"])
 def test_theta_backward_from_a_bf16_upstream_gradient(values_dtype, value_grad, device):
-    """A bf16 output gets a bf16 upstream gradient (the kernel reads it through an fp32 copy): with the same
+    """A bf16 output gets a bf16 upstream gradient (the kernel converts it to fp32 as it loads): with the same
     bf16-valued gradient in the reference, the gradients agree to fp32 precision."""
     g = torch.Generator().manual_seed(12)
-    z = torch.randn(7, 16, generator=g, device=device)
+    z = torch.randn(7, 16, generator=g).to(device)  # a CPU generator draws on the CPU
     values = torch.randn(L.memory_size(SMALL), 40, generator=g).to(device, values_dtype)  # m = 40: masked columns
     grad_out = torch.randn(7, 40, generator=g).to(device, torch.bfloat16)
     z_ref, v_ref = z.clone().requires_grad_(), values.float().clone().requires_grad_()

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from languini import experiment
-from languini.experiment import REPO_ROOT
+from languini.experiment import REPO_ROOT, child_python_path
 from languini.stop import EXIT_UNFINISHED
 from projects.lram_gpt import configs
 from projects.lram_gpt.model import Model
@@ -26,7 +26,7 @@ def losses(run_dir):
 @pytest.mark.slow
 def test_saved_on_two_processes_continued_on_one(default_corpus_root, tmp_path):
     common = RUN + ["--data_root", str(default_corpus_root)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": child_python_path()}
     # unfinished: torchrun exits with 1 when its workers exit with EXIT_UNFINISHED
     stopped = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                               str(REPO_ROOT / "projects" / "lram_gpt" / "train.py"), *common, "--memory_shards", "2",

@@ -64,9 +64,10 @@ def kernel_cost_spec(kernel, constants, signature, spec):
         moved = COST_KNN * COST_WIDTH * 4 + COST_WIDTH * 4 + COST_KNN * 16  # gradient rows in; a table row out
         return spec(lookups, [1], moved, "about 32 entries per table row read (8,192 tokens, 2^16 rows), each "
                                          "reading its token's gradient row")
-    if kernel == "pkm_search_fwd_kernel":  # straight-line code: BLOCK queries of one head per program
+    if kernel == "pkm_search_fwd_kernel":  # BLOCK queries of one head per program; a loop per half over chunks
         half, knn = constants["HALF"], constants["KNN"]
-        return spec(constants["BLOCK"], [], 2 * half * 4 + knn * 12,
+        chunks_after_the_first = constants["N_PAD"] // constants["CHUNK"] - 1
+        return spec(constants["BLOCK"], [chunks_after_the_first] * 2, 2 * half * 4 + knn * 12,
                     "HBM bytes: query in, scores and indices out; the sub-keys and the scratch stay in L2")
     if kernel == "pkm_search_bwd_kernel":
         half, knn = constants["HALF"], constants["KNN"]

@@ -333,11 +333,11 @@ def lram_lookup_fwd_kernel(
 
 @triton.jit
 def lram_lookup_bwd_kernel(
-    x_ptr, values_ptr, grad_out_ptr, grad_x_ptr, grad_values_ptr, slot_weight_ptr, grad32_ptr,
+    x_ptr, values_ptr, grad_out_ptr, grad_x_ptr, grad_values_ptr, slot_weight_ptr, along_ptr,
     cand_ptr, index_ptr, zf_ptr, frame_ptr, scale_ptr,
     freq_ptr, points_ptr,
     M: tl.constexpr, M_PAD: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr,
-    VECTOR: tl.constexpr, FROM_Q: tl.constexpr, GRAD_X: tl.constexpr, GRAD_VALUES_ATOMIC: tl.constexpr,
+    FROM_Q: tl.constexpr, GRAD_X: tl.constexpr, GRAD_VALUES_ATOMIC: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, COORDS)
@@ -354,39 +354,24 @@ def lram_lookup_bwd_kernel(
     weight = (u * u) * (u * u)
     tl.store(slot_weight_ptr + row * TOPK + slots, scale * weight, mask=slot_ok)  # the segment sums read it
     tl.debug_barrier()
+    # the rows, CHUNK at a time: a_k = g . v_k (through memory, back to one slot per lane) and the value gradient;
+    # coalesced [CHUNK, m] tiles: a lane per slot issued fewer instructions but ran slower on an H200 (README)
     g = tl.load(grad_out_ptr + row * M + value_cols, mask=value_ok, other=0.0).to(tl.float32)
-    if GRAD_VALUES_ATOMIC:  # the rows' gradients, CHUNK rows at a time, each row's columns across the lanes
-        for chunk in tl.range(TOPK_PAD // CHUNK, num_stages=1):
-            part = chunk * CHUNK + tl.arange(0, CHUNK)
-            part_ok = part < TOPK
-            part_index = tl.load(index_ptr + row * TOPK + part, mask=part_ok, other=0).to(tl.int64)
+    for chunk in tl.range(TOPK_PAD // CHUNK, num_stages=1):
+        part = chunk * CHUNK + tl.arange(0, CHUNK)
+        part_ok = part < TOPK
+        part_index = tl.load(index_ptr + row * TOPK + part, mask=part_ok, other=0).to(tl.int64)
+        ok = part_ok[:, None] & value_ok[None, :]
+        pointers = part_index[:, None] * M + value_cols[None, :]
+        if GRAD_VALUES_ATOMIC:
             part_weight = tl.load(slot_weight_ptr + row * TOPK + part, mask=part_ok, other=0.0)
-            # each lane's column pointer plus the row's offset: one multiply-add a row
-            pointers = (grad_values_ptr + value_cols[None, :]) + part_index[:, None] * M
-            tl.atomic_add(pointers, part_weight[:, None] * g[None, :], mask=part_ok[:, None] & value_ok[None, :],
-                          sem="relaxed")
+            tl.atomic_add(grad_values_ptr + pointers, part_weight[:, None] * g[None, :], mask=ok, sem="relaxed")
+        if GRAD_X:
+            rows_v = tl.load(values_ptr + pointers, mask=ok, other=0.0).to(tl.float32)
+            tl.store(along_ptr + row * TOPK + part, tl.sum(rows_v * g[None, :], axis=1), mask=part_ok)
     if GRAD_X:
-        # a_k = g . v_k with a lane per slot, along its own row VECTOR (4) columns a load, so the sum stays in the
-        # lane (8 columns a load spill in bf16); every lane reads the same fp32 g (grad_out's, else a copy's)
-        if grad_out_ptr.dtype.element_ty == tl.float32:
-            g_row = grad_out_ptr + row * M
-        else:
-            g_row = grad32_ptr + row * M_PAD
-            tl.store(g_row + value_cols, g)
-            tl.debug_barrier()  # written by other lanes
-        slot_index = tl.load(index_ptr + row * TOPK + slots, mask=slot_ok, other=0).to(tl.int64)
-        slot_rows = values_ptr + slot_index * M
-        products = tl.zeros((TOPK_PAD, VECTOR), tl.float32)
-        for start in tl.range(0, M_PAD, VECTOR, num_stages=1):
-            vector_cols = start + tl.arange(0, VECTOR)
-            vector_ok = vector_cols < M
-            rows_v = tl.load(slot_rows[:, None] + vector_cols[None, :], mask=slot_ok[:, None] & vector_ok[None, :],
-                             other=0.0)
-            if values_ptr.dtype.element_ty == tl.bfloat16:  # the bits shifted into place: no conversion
-                rows_v = (rows_v.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-            g_vector = tl.load(g_row + vector_cols, mask=vector_ok, other=0.0).to(tl.float32)
-            products += rows_v.to(tl.float32) * g_vector[None, :]
-        along = tl.sum(products, axis=1)
+        tl.debug_barrier()
+        along = tl.load(along_ptr + row * TOPK + slots, mask=slot_ok, other=0.0)
         # dL/dz_F / s: the scale enters below as a ratio, so no product of it over- or underflows
         grad_zf = -tl.sum((along * (u * u * u))[:, None] * diff, axis=0)
         frame = tl.load(frame_ptr + row)
@@ -598,16 +583,13 @@ def lookup_bwd(x_rows, values, grad_rows, cand, index, zf, frame, scale, K, topk
     dense = value_grad in ("atomic", "segment")
     grad_values = torch.zeros(values.shape, dtype=torch.float32, device=values.device) if dense else None
     slot_weight = torch.empty(n, topk, dtype=torch.float32, device=x_rows.device)
-    # scratch: an fp32 copy of the output gradient, which every lane reads whole (a_k = g . v_k)
-    grad32 = torch.empty(n, triton.next_power_of_2(M), dtype=torch.float32, device=x_rows.device) \
-        if need_x and grad_rows.dtype != torch.float32 else None
+    along = torch.empty(n, topk, dtype=torch.float32, device=x_rows.device) if need_x else None  # g . v_k
     freq, _, _, _, _, points16 = _tables(K, x_rows.device)
     if n and (need_x or value_grad != "none"):
         lram_lookup_bwd_kernel[(n,)](
             x_rows, values if need_x else None, grad_rows, grad_x, grad_values if atomic else None, slot_weight,
-            grad32, cand, index, zf, frame if need_x else None, scale, freq, points16,
-            CHUNK=min(8, triton.next_power_of_2(topk)), VECTOR=min(triton.next_power_of_2(M), 4),
-            FROM_Q=from_q, GRAD_X=need_x, GRAD_VALUES_ATOMIC=atomic,
+            along, cand, index, zf, frame if need_x else None, scale, freq, points16,
+            CHUNK=min(8, triton.next_power_of_2(topk)), FROM_Q=from_q, GRAD_X=need_x, GRAD_VALUES_ATOMIC=atomic,
             num_warps=1, maxnreg=REGISTERS, **_meta(topk, M))
     if value_grad in ("segment", "sparse"):
         grad_values = _segment_sum(grad_rows, index, slot_weight, grad_values, topk, values.shape)
@@ -839,7 +821,6 @@ def cost_spec(kernel, constants, signature, spec):
     if kernel == "lram_lookup_bwd_kernel":
         moved = topk * m * value_bytes * constants["GRAD_X"] + topk * m * 4 * constants["GRAD_VALUES_ATOMIC"]
         moved += 16 * 8 + m * 2 + topk * 6 + 40 + topk * 4 * (1 + constants["GRAD_X"])
-        moved += m * 4 * constants["GRAD_X"] * (signature.get("grad_out_ptr") != "*fp32")  # the fp32 copy of g
         return spec(1, [triton.next_power_of_2(topk) // constants["CHUNK"]], moved,
                     f"a lookup: one head reading its {topk} rows of m = {m} values")
     if kernel == "lram_lookup_segment_sum_kernel":  # per lookup: its TOPK entries; a row's gradient written ~once

@@ -56,6 +56,18 @@ def _unpack(key):
 
 
 @triton.jit
+def _chunk_best(q, keys_base, start, d, HALF: tl.constexpr, N_KEYS: tl.constexpr, N_PAD: tl.constexpr,
+                K_PAD: tl.constexpr, CHUNK: tl.constexpr):
+    """The K_PAD best of the sub-keys start .. start + CHUNK - 1 for the queries q: packed keys, descending."""
+    n = start + tl.arange(0, CHUNK)
+    keys_t = tl.load(keys_base + n[None, :] * HALF + d[:, None], mask=(n[None, :] < N_KEYS) & (d[:, None] < HALF),
+                     other=0.0).to(tl.float32)  # [D_PAD, CHUNK]
+    scores = tl.dot(q, keys_t, input_precision=DOT_PRECISION)
+    scores = tl.where(n[None, :] < N_KEYS, scores, NEG_INF)
+    return tl.topk(_pack(scores, (N_PAD - 1) - n[None, :]), K_PAD)
+
+
+@triton.jit
 def _best_of_half(q_ptr, keys_ptr, rows, row_ok, head, half, heads, HALF: tl.constexpr,
                   D_PAD: tl.constexpr, N_KEYS: tl.constexpr, N_PAD: tl.constexpr, K_PAD: tl.constexpr,
                   CHUNK: tl.constexpr):
@@ -64,18 +76,11 @@ def _best_of_half(q_ptr, keys_ptr, rows, row_ok, head, half, heads, HALF: tl.con
     q = tl.load(q_ptr + (rows[:, None] * heads + head) * (2 * HALF) + half * HALF + d[None, :],
                 mask=row_ok[:, None] & (d[None, :] < HALF), other=0.0).to(tl.float32)
     keys_base = keys_ptr + (head * 2 + half) * N_KEYS * HALF
-    best = tl.full((q.shape[0], K_PAD), 0, tl.int64)
-    for start in tl.static_range(0, N_PAD, CHUNK):
-        n = start + tl.arange(0, CHUNK)
-        keys_t = tl.load(keys_base + n[None, :] * HALF + d[:, None], mask=(n[None, :] < N_KEYS) & (d[:, None] < HALF),
-                         other=0.0).to(tl.float32)  # [D_PAD, CHUNK]
-        scores = tl.dot(q, keys_t, input_precision=DOT_PRECISION)
-        scores = tl.where(n[None, :] < N_KEYS, scores, NEG_INF)
-        chunk_best = tl.topk(_pack(scores, (N_PAD - 1) - n[None, :]), K_PAD)
-        if start == 0:
-            best = chunk_best
-        else:
-            best = tl.topk(tl.reshape(tl.join(best, chunk_best), (q.shape[0], 2 * K_PAD)), K_PAD)
+    best = _chunk_best(q, keys_base, 0, d, HALF, N_KEYS, N_PAD, K_PAD, CHUNK)
+    # a loop, not unrolled: 2^28-parameter tables have up to 64 chunks a half, each a top-k network to compile
+    for start in tl.range(CHUNK, N_PAD, CHUNK):
+        chunk_best = _chunk_best(q, keys_base, start, d, HALF, N_KEYS, N_PAD, K_PAD, CHUNK)
+        best = tl.topk(tl.reshape(tl.join(best, chunk_best), (q.shape[0], 2 * K_PAD)), K_PAD)
     return best
 
 
