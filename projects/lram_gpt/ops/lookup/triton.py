@@ -60,9 +60,10 @@ POINTS_PAD = 256  # the 232 points padded to 32 lanes x 8
 SEGMENT_BLOCK = 64  # sorted (row, slot) entries per program of the segment sums
 SEGMENT_PART = 16  # columns of a row part: 4 lanes, 4 each; 128 // SEGMENT_PART stretches summed side by side
 # The segment sums' lanes should run over the stretches and each hold all parts of its row: of two dimensions with
-# the same (unit) stride Triton 3.9 gives the lanes to the inner one, 3.6 to the outer one (scripts/kernel_cost.py:
-# 388 against 516 warp-instructions per lookup), so the parts go outside the stretches from 3.9 on (3.7, 3.8 unseen)
-PARTS_FIRST = tuple(int(part) for part in triton.__version__.split(".")[:2]) >= (3, 9)
+# the same (unit) stride Triton 3.8 and 3.9 give the lanes to the inner one, 3.6 to the outer one
+# (scripts/kernel_cost.py: 388 against 516 warp-instructions per lookup), so the parts go outside the stretches
+# from 3.8 on (3.7 unseen)
+PARTS_FIRST = tuple(int(part) for part in triton.__version__.split(".")[:2]) >= (3, 8)
 # Registers per thread: a one-warp program at 64 lets an SM hold 32 of them (its most), 50% occupancy (sm_80,
 # sm_90). ptxas meets the cap without spilling (scripts/kernel_cost.py counts LDL/STL) for theta's forward and
 # every backward; the forward from lattice coordinates (interpolate_triton, lookup_triton) goes uncapped.
