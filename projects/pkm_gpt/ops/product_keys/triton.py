@@ -77,7 +77,7 @@ def _best_of_half(q_ptr, keys_ptr, rows, row_ok, head, half, heads, HALF: tl.con
                 mask=row_ok[:, None] & (d[None, :] < HALF), other=0.0).to(tl.float32)
     keys_base = keys_ptr + (head * 2 + half) * N_KEYS * HALF
     best = _chunk_best(q, keys_base, 0, d, HALF, N_KEYS, N_PAD, K_PAD, CHUNK)
-    # a loop, not unrolled: 2^28-parameter tables have up to 64 chunks a half, each a top-k network to compile
+    # a loop, not unrolled: at 2^28 parameters a half has 8 chunks (more for longer halves), each its top-k networks
     for start in tl.range(CHUNK, N_PAD, CHUNK):
         chunk_best = _chunk_best(q, keys_base, start, d, HALF, N_KEYS, N_PAD, K_PAD, CHUNK)
         best = tl.topk(tl.reshape(tl.join(best, chunk_best), (q.shape[0], 2 * K_PAD)), K_PAD)
