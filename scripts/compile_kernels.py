@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from languini.experiment import child_python_path
 from languini.flags import Parser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,8 +171,7 @@ def recorded_launches(project):
     The interpreter is chosen when a kernel is defined, so the caller (which compiles) must never see it:
     call prepare_compiling() first.
     """
-    python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    child_env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": python_path}
+    child_env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": child_python_path()}
     with tempfile.TemporaryDirectory() as scratch:
         launches_file = Path(scratch) / "launches.json"
         recorded = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--record", project,
