@@ -21,7 +21,8 @@ cuobjdump that ships with Triton, and prints per launch:
     python scripts/kernel_cost.py --project lram_gpt --csv costs.csv
     python scripts/kernel_cost.py --csv projects/lram_gpt/kernel_cost.csv   # the committed table
 
-Branches inside a loop count both sides (an upper bound); a loop the spec below does not know counts once.
+Branches inside a loop count both sides (an upper bound); a loop the spec below does not know counts once; the
+padding after the last EXIT (a branch to itself and NOPs) counts none.
 """
 
 import argparse
@@ -133,6 +134,20 @@ def loops(instructions: list[Instruction]) -> list[tuple[int, int]]:
     return sorted(found, key=lambda span: (span[0], -span[1]))
 
 
+def trailing_padding(instructions: list[Instruction]) -> int:
+    """How many instructions end the listing without ever running: after the last EXIT, the branch to itself
+    that traps a fall-through and the NOPs that pad the code to its alignment."""
+    count = 0
+    for instruction in reversed(instructions):
+        target = re.search(r"0x([0-9a-f]+)", instruction.operands)
+        if instruction.opcode == "NOP" or (instruction.opcode == "BRA" and target
+                                           and int(target.group(1), 16) == instruction.address):
+            count += 1
+        else:
+            break
+    return count if count < len(instructions) and instructions[-count - 1].opcode == "EXIT" else 0
+
+
 def occupancy(registers: int, shared: int, warps: int, arch: int) -> float:
     """Resident warps per SM over the maximum, from registers, shared memory and the block limit."""
     limits = SM_LIMITS[arch]
@@ -183,9 +198,11 @@ def cost_row(project, launch, arch):
         return math.prod(t for (first, last), t in zip(spans, trips) if first <= instruction.address <= last)
 
     whole, executed = Mix(), Mix()
-    for instruction in instructions:
+    padding = trailing_padding(instructions)
+    for position, instruction in enumerate(instructions):
         whole.add(instruction)
-        executed.add(instruction, times(instruction))
+        if position < len(instructions) - padding:
+            executed.add(instruction, times(instruction))
     hot = Mix()
     if spans:  # the loop with the largest trip count, innermost on a tie
         hot_index = max(range(len(spans)), key=lambda i: (trips[i], spans[i][0]))

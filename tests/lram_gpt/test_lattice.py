@@ -123,6 +123,37 @@ def test_exactly_232_lattice_points_near_the_fundamental_region():
     assert len({tuple(p) for p in L.FUNDAMENTAL_POINTS.tolist()}) == 232
 
 
+def test_fundamental_region_vertices_satisfy_eight_constraints():
+    A, b = L.fundamental_region_constraints()
+    vertices = L.fundamental_region_vertices()
+    assert vertices.shape[1] == 8 and len({tuple(v) for v in vertices.tolist()}) == vertices.shape[0]
+    slack = b - vertices @ A.T
+    assert (slack >= -1e-9).all()  # inside F
+    assert ((slack.abs() < 1e-9).sum(-1) >= 8).all()  # on 8 of its faces: a vertex
+    assert torch.allclose(vertices.min(0).values, torch.tensor([0.0] * 6 + [-0.0, -2 / 3], dtype=torch.float64),
+                          atol=1e-9)
+
+
+@pytest.mark.parametrize("topk", [1, 7, 32, 64])
+def test_candidate_points_hold_every_stable_top_k(topk):
+    """The top-k of all 232 points (squared distances equal within 1e-9 ordered as the points: the reference's
+    stable sort in exact arithmetic), at random points of F, at half- and third-integer queries (ties) and at F's
+    vertices, never leaves candidate_points(topk)."""
+    g = torch.Generator().manual_seed(topk)
+    q = torch.cat([uniform_queries(4000, seed=topk),
+                   torch.round(uniform_queries(2000, seed=topk + 1) * 2) / 2,  # half-integers: ties
+                   torch.round(uniform_queries(2000, seed=topk + 2) * 3) / 3
+                   + 1e-9 * torch.randn(2000, 8, generator=g, dtype=torch.float64)])
+    z = L.to_fundamental(q)[0]
+    z = torch.cat([z, L.fundamental_region_vertices()])
+    d2 = ((z[:, None, :] - L.FUNDAMENTAL_POINTS.double()) ** 2).sum(-1)
+    chosen = torch.sort(torch.round(d2 * 1e9), dim=-1, stable=True).indices[:, :topk]
+    allowed = torch.zeros(L.FUNDAMENTAL_POINTS.shape[0], dtype=torch.bool)
+    allowed[L.candidate_points(topk)] = True
+    assert allowed[chosen].all()
+    assert allowed.sum() < L.FUNDAMENTAL_POINTS.shape[0] or topk > 64  # it leaves points out
+
+
 # --- the lookup ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("K", [(8,) * 8, (12, 8, 16, 8, 8, 20, 8, 16)])

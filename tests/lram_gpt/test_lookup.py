@@ -90,6 +90,19 @@ def test_lookup_matches_reference(K, device):
                                atol=1e-6, rtol=1e-6)
 
 
+def test_lookup_on_a_torus_with_a_period_above_2_to_21(device):
+    """K_1 = 2^22: every period a power of two, but too long for the fp32 memory index of the kernel's step 5,
+    so the int32 one runs (2^28 locations: no table needed to look up)."""
+    K = (2**22,) + (4,) * 7
+    g = torch.Generator().manual_seed(6)
+    q = (torch.rand(23, 8, generator=g) - 0.5) * torch.tensor([2.0**21] + [8.0] * 7)
+    index, weight = lookup_triton(q.to(device), K)
+    index_ref, weight_ref = naive.lookup(q.to(device), K)
+    assert int(index.max()) < L.memory_size(K) and int(index.max()) > 2**26  # far into the table
+    assert torch.equal(index.sort(-1).values, index_ref.sort(-1).values)
+    torch.testing.assert_close(weight, weight_ref, atol=1e-6, rtol=1e-6)
+
+
 def test_theta_end_to_end_gradient_matches_reference(device):
     K = SMALL
     g = torch.Generator().manual_seed(5)
