@@ -19,8 +19,9 @@ The lookup (2.6): the nearest lattice point c (Conway & Sloane's decoder on the 
 then a signed permutation with an even number of sign changes maps q - c into the fundamental region
     F: z_1 >= ... >= z_7 >= |z_8|,  z_1 + z_2 <= 2,  z_1 + ... + z_8 <= 4,
 where FUNDAMENTAL_POINTS lists every lattice point closer than sqrt(8) to F (computed below, not pasted).
-Their inverse images are a superset of the lattice points in the query's kernel support. The lookup itself
-(and its kernels) is the op in ops/lookup/.
+Their inverse images are a superset of the lattice points in the query's kernel support; candidate_points(topk)
+are those of them that can be among the topk nearest of some point of F (82 for topk = 32), all the kernels
+search. The lookup itself (and its kernels) is the op in ops/lookup/.
 """
 from __future__ import annotations
 
