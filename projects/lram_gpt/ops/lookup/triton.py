@@ -495,17 +495,22 @@ def lram_lookup_bwd_kernel(
     # the rows, CHUNK at a time: a_k = g . v_k (through memory, back to one slot per lane) and the value gradient;
     # coalesced [CHUNK, m] tiles: a lane per slot issued fewer instructions but ran slower on an H200 (README)
     g = tl.load(grad_out_ptr + row * M + value_cols, mask=value_ok, other=0.0).to(tl.float32)
+    # each lane's columns once; a row then adds its offset (one wide multiply-add an address)
+    if GRAD_VALUES_ATOMIC:
+        grad_cols = grad_values_ptr + value_cols[None, :]
+    if GRAD_X:
+        value_cols_ptr = values_ptr + value_cols[None, :]
     for chunk in tl.range(TOPK_PAD // CHUNK, num_stages=1):
         part = chunk * CHUNK + tl.arange(0, CHUNK)
         part_ok = part < TOPK
         part_index = tl.load(index_ptr + row * TOPK + part, mask=part_ok, other=0).to(tl.int64)
         ok = part_ok[:, None] & value_ok[None, :]
-        pointers = part_index[:, None] * M + value_cols[None, :]
+        offsets = part_index[:, None] * M
         if GRAD_VALUES_ATOMIC:
             part_weight = tl.load(slot_weight_ptr + row * TOPK + part, mask=part_ok, other=0.0)
-            tl.atomic_add(grad_values_ptr + pointers, part_weight[:, None] * g[None, :], mask=ok, sem="relaxed")
+            tl.atomic_add(grad_cols + offsets, part_weight[:, None] * g[None, :], mask=ok, sem="relaxed")
         if GRAD_X:
-            rows_v = tl.load(values_ptr + pointers, mask=ok, other=0.0).to(tl.float32)
+            rows_v = tl.load(value_cols_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
             tl.store(along_ptr + row * TOPK + part, tl.sum(rows_v * g[None, :], axis=1), mask=part_ok)
     if GRAD_X:
         tl.debug_barrier()
