@@ -90,6 +90,19 @@ def test_lookup_matches_reference(K, device):
                                atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("topk", [16, 64])
+def test_lookup_with_other_candidate_counts(topk, device):
+    """topk 16 and 64 search 42 and 173 candidates: 2 and 8 a lane, where 32 search 4 a lane."""
+    K = (8,) * 8
+    q = random_queries(21, K, seed=topk).to(device)
+    index, weight = lookup_triton(q, K, topk)
+    index_ref, weight_ref = naive.lookup(q, K, topk)
+    torch.testing.assert_close(weight, weight_ref, atol=1e-6, rtol=1e-6)
+    n = L.memory_size(K)
+    torch.testing.assert_close(weight_per_location(index, weight, n), weight_per_location(index_ref, weight_ref, n),
+                               atol=1e-6, rtol=1e-6)
+
+
 def test_lookup_on_a_torus_with_a_period_above_2_to_21(device):
     """K_1 = 2^22: every period a power of two, but too long for the fp32 memory index of the kernel's step 5,
     so the int32 one runs (2^28 locations: no table needed to look up)."""
