@@ -8,7 +8,8 @@
 #
 #   OUT=/path/to/results bash projects/lram_gpt/gpu_check_v2.sh     (from any folder; it runs in the repository root)
 #   BASE=0255b19 OUT=... bash projects/lram_gpt/gpu_check_v2.sh     first times the kernels of commit BASE (0255b19:
-#       the one-kernel forward over all 232 points, before the frame kernel and the 82 candidates; 5b931a2: a lane
+#       the one-kernel forward over all 232 points, before the frame kernel and the 82 candidates; 6846cae: the
+#       one-kernel backward, [8, m] tiles, before the rows over 4 lanes and the query kernel; 5b931a2: a lane
 #       per slot in the backward) on the same GPU, from a `git archive` of it in $OUT/base: compare
 #       $OUT/base_bench_bf16/*.csv with $OUT/*bf16.csv (scripts/report_memory_layers.py prints either) and keep
 #       the faster kernels where both pass their tests. Needs a git checkout with that commit.

@@ -244,7 +244,13 @@ def theta_reference_and_triton(z, values, K, value_grad, device, out_dtype=None)
         pytest.param((8,) * 8, 3, torch.float32, torch.bfloat16, "segment", id="K8-n3-fp32z-bf16values-segment"),
     ],
 )
-def test_theta_kernel_matches_reference(K, n_tokens, z_dtype, values_dtype, value_grad, device):
+@pytest.mark.parametrize("parts_first", [True, False], ids=["parts-first", "rows-first"])
+def test_theta_kernel_matches_reference(K, n_tokens, z_dtype, values_dtype, value_grad, parts_first, device,
+                                        monkeypatch):
+    """In both orders of the backward's row dimensions (the launch picks one by Triton version)."""
+    from projects.lram_gpt.ops.lookup import triton as kernels
+
+    monkeypatch.setattr(kernels, "PARTS_FIRST", parts_first)
     g = torch.Generator().manual_seed(n_tokens)
     z = torch.randn(n_tokens, 2, 16, generator=g)  # two heads per token: an odd number of rows
     z[0, 0, 3] = z[0, 0, 11] = 0.0  # z_4 = 0: arg 0, the harmonic scale 0, finite gradients

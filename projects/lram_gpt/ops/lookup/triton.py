@@ -23,11 +23,11 @@ The read kernel serves one lookup a program of one warp:
    weight u^4, u = 1 - d2/8.
 6. the weighted sum of the k value rows (fp32, or bf16 read as words of two: fp32 accumulation), 4 rows at a
    time (each a coalesced [4, m] tile), scaled by s and written in the output dtype (fused cast).
-The forward saves what the backward needs (per slot the memory index and the candidate; per lookup z_F, the
-permutation and signs packed in one int32, and s), so the backward does not select again. Per lookup it
-gathers the k rows once for a_k = g . v_k and returns
-    dL/dz_F = -s sum_k a_k u_k^3 (z_F - p_k)        (mapped back to q, then through the torus query)
-    dL/ds   = sum_k u_k^4 a_k
+The forward saves what the backward needs (per slot the memory index, the candidate and u^4; per lookup z_F, the
+permutation and signs packed in one int32, and s), so the backward does not select again. It is two kernels. The
+rows kernel serves one lookup a program of one warp: it gathers the k rows once, CHUNK at a time (4 lanes a row,
+4 columns of each of its 16-column parts a lane, so that a_k is summed in the lane but for two shuffles), for
+    a_k = g . v_k                                    (written per slot for the query kernel)
     dL/dv_k += s u_k^4 g                             by relaxed atomics ("atomic"), or without per-entry atomics
                                                      ("segment"): entries sorted by int32 memory index, each
                                                      block of 64 sorted entries is cut in 8 stretches of 8
@@ -36,6 +36,10 @@ gathers the k rows once for a_k = g . v_k and returns
                                                      found once per block, a lane per entry) and store, runs
                                                      cut by a stretch's edge are added atomically. No host
                                                      synchronisation on the dense path.
+The query kernel serves 32 lookups a program, one per lane (as the frame kernel), and sums over the slots in the
+lane
+    dL/dz_F = -s sum_k a_k u_k^3 (z_F - p_k)        (mapped back to q, then through the torus query)
+    dL/ds   = sum_k u_k^4 a_k
 With sparse=True the value gradient is a sparse COO tensor of the rows read (the segment sums written
 compactly; the number of rows read is the one host synchronisation of that path).
 scripts/kernel_cost.py prints what each kernel costs per lookup (projects/lram_gpt/kernel_cost.csv).
@@ -61,8 +65,9 @@ HEAD_INPUTS = 2 * DIM
 MAGIC = tl.constexpr(1.5 * 2.0**23)  # an fp32 in [2^23, 2^24) holds an integer in its low bits
 PLACE = tl.constexpr(6 * DIM)  # int32 per lookup that the frame kernel writes for the forward
 FRAME_BLOCK = 32  # lookups per program of the frame kernel: a row each
+QUERY_UNROLL = 2  # slots a trip of the backward's query-gradient loop (what LLVM chose when left to itself)
 SEGMENT_BLOCK = 64  # sorted (row, slot) entries per program of the segment sums
-SEGMENT_PART = 16  # columns of a row part: 4 lanes, 4 each; 128 // SEGMENT_PART stretches summed side by side
+SEGMENT_PART = 16  # columns of a row part (segment sums, backward rows): 4 lanes, 4 each; 128 // 16 stretches summed
 # The segment sums' lanes should run over the stretches and each hold all parts of its row: of two dimensions with
 # the same (unit) stride Triton 3.8 and 3.9 give the lanes to the inner one, 3.6 to the outer one
 # (scripts/kernel_cost.py: 388 against 516 warp-instructions per lookup), so the parts go outside the stretches
@@ -181,9 +186,23 @@ def _rows_of(ptr, rows, STRIDE: tl.constexpr, OFFSET: tl.constexpr):
     row_ptr = ptr + rows * STRIDE + OFFSET
     c0, c1, c2, c3 = tl.load(row_ptr), tl.load(row_ptr + 1), tl.load(row_ptr + 2), tl.load(row_ptr + 3)
     c4, c5, c6, c7 = tl.load(row_ptr + 4), tl.load(row_ptr + 5), tl.load(row_ptr + 6), tl.load(row_ptr + 7)
+    return _joined(c0, c1, c2, c3, c4, c5, c6, c7)
+
+
+@triton.jit
+def _rows_at(ptr, position):
+    """[BLOCK, 8]: ptr[b][position[b, i]] for pointers ptr [BLOCK] and a row per lane (_rows_of's gather)."""
+    p0, p4, p2, p6, p1, p5, p3, p7 = _columns(position)
+    return _joined(tl.load(ptr + p0), tl.load(ptr + p1), tl.load(ptr + p2), tl.load(ptr + p3), tl.load(ptr + p4),
+                   tl.load(ptr + p5), tl.load(ptr + p6), tl.load(ptr + p7))
+
+
+@triton.jit
+def _joined(c0, c1, c2, c3, c4, c5, c6, c7):
+    """[BLOCK, 8] of 8 columns [BLOCK], a row per lane."""
     # join adds a last dimension: [b, x, y, z] = c_{4x + 2y + z}
     joined = tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)), tl.join(tl.join(c1, c5), tl.join(c3, c7)))
-    return tl.reshape(joined, (rows.shape[0], COORDS))
+    return tl.reshape(joined, (c0.shape[0], COORDS))
 
 
 @triton.jit
@@ -470,95 +489,157 @@ def lram_lookup_fwd_kernel(
 
 
 @triton.jit
-def lram_lookup_bwd_kernel(
-    x_ptr, values_ptr, grad_out_ptr, grad_x_ptr, grad_values_ptr, slot_weight_ptr, along_ptr,
-    cand_ptr, index_ptr, zf_ptr, frame_ptr, scale_ptr,
-    freq_ptr, points_ptr,
-    M: tl.constexpr, M_PAD: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr,
-    FROM_Q: tl.constexpr, GRAD_X: tl.constexpr, GRAD_VALUES_ATOMIC: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, COORDS)
-    slots = tl.arange(0, TOPK_PAD)
-    slot_ok = slots < TOPK
-    value_cols = tl.arange(0, M_PAD)
-    value_ok = value_cols < M
-    scale = tl.load(scale_ptr + row)
-    zf = tl.load(zf_ptr + row * COORDS + cols)
-    cand = tl.load(cand_ptr + row * TOPK + slots, mask=slot_ok, other=0).to(tl.int32)
-    p = tl.load(points_ptr + cand[:, None] * COORDS + cols[None, :]).to(tl.float32)
-    diff = zf[None, :] - p
-    u = tl.where(slot_ok, tl.maximum(1.0 - tl.sum(diff * diff, axis=1) * 0.125, 0.0), 0.0)
-    weight = (u * u) * (u * u)
-    tl.store(slot_weight_ptr + row * TOPK + slots, scale * weight, mask=slot_ok)  # the segment sums read it
-    tl.debug_barrier()
-    # the rows, CHUNK at a time: a_k = g . v_k (through memory, back to one slot per lane) and the value gradient;
-    # coalesced [CHUNK, m] tiles: a lane per slot issued fewer instructions but ran slower on an H200 (README)
-    g = tl.load(grad_out_ptr + row * M + value_cols, mask=value_ok, other=0.0).to(tl.float32)
-    # each lane's columns once; a row then adds its offset (one wide multiply-add an address)
-    if GRAD_VALUES_ATOMIC:
-        grad_cols = grad_values_ptr + value_cols[None, :]
-    if GRAD_X:
-        value_cols_ptr = values_ptr + value_cols[None, :]
-    for chunk in tl.range(TOPK_PAD // CHUNK, num_stages=1):
-        part = chunk * CHUNK + tl.arange(0, CHUNK)
-        part_ok = part < TOPK
-        part_index = tl.load(index_ptr + row * TOPK + part, mask=part_ok, other=0).to(tl.int64)
-        ok = part_ok[:, None] & value_ok[None, :]
-        offsets = part_index[:, None] * M
-        if GRAD_VALUES_ATOMIC:
-            part_weight = tl.load(slot_weight_ptr + row * TOPK + part, mask=part_ok, other=0.0)
-            tl.atomic_add(grad_cols + offsets, part_weight[:, None] * g[None, :], mask=ok, sem="relaxed")
-        if GRAD_X:
-            rows_v = tl.load(value_cols_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
-            tl.store(along_ptr + row * TOPK + part, tl.sum(rows_v * g[None, :], axis=1), mask=part_ok)
-    if GRAD_X:
-        tl.debug_barrier()
-        along = tl.load(along_ptr + row * TOPK + slots, mask=slot_ok, other=0.0)
-        # dL/dz_F / s: the scale enters below as a ratio, so no product of it over- or underflows
-        grad_zf = -tl.sum((along * (u * u * u))[:, None] * diff, axis=0)
-        frame = tl.load(frame_ptr + row)
-        position = (frame >> (3 * cols)) & 7
-        sign = tl.where(((frame >> (24 + cols)) & 1) != 0, -1.0, 1.0)
-        grad_q = sign * tl.sum(tl.where(position[:, None] == cols[None, :], grad_zf[None, :], 0.0), axis=1)
-        if FROM_Q:
-            tl.store(grad_x_ptr + row * COORDS + cols, scale * grad_q)
-        else:
-            grad_scale = tl.sum(weight * along, axis=0)  # dL/ds = g . phi
-            # through memory, so that the torus part runs one coordinate per lane (see the forward)
-            tl.store(grad_x_ptr + row * (2 * COORDS) + cols, grad_q)
-            tl.debug_barrier()
-            grad_q = tl.load(grad_x_ptr + row * (2 * COORDS) + cols)
-            tl.debug_barrier()
-            # on w = z / c as the forward (naive.torus_query): with rho_i = max(|w_i|, 2^-63), (cos_i, sin_i) the
-            # direction of w_i and r_i = s / (c rho_i) <= 1, ds/d(re_i, im_i) = r_i^2 (cos_i, sin_i) and
-            # s dq_i/d(re_i, im_i) = s K_i/(2 pi) (-sin_i, cos_i) / (c rho_i): bounded for every finite z
-            re, im, c, valid = _head_inputs(x_ptr, row, cols)
-            squared = re * re + im * im
-            lift = squared < TINY
-            re = tl.where(lift, re * LIFT, re)
-            im = tl.where(lift, im * LIFT, im)
-            lifted = re * re + im * im
-            direction = tl.math.rsqrt(tl.where(lifted == 0.0, 1.0, lifted))
-            cos = tl.where(lifted == 0.0, 1.0, re * direction)
-            sin = im * direction
-            inverse_rho = tl.where(lift, FLOOR_INVERSE, direction)
-            ratio = inverse_rho * tl.fdiv(1.0, tl.sum(inverse_rho, axis=0))
-            radial = grad_scale * ratio * ratio
-            angular = grad_q * tl.load(freq_ptr + cols) * ratio
-            grad_re = tl.where(valid, radial * cos - angular * sin, 0.0)
-            grad_im = tl.where(valid, radial * sin + angular * cos, 0.0)
-            tl.store(grad_x_ptr + row * (2 * COORDS) + cols, grad_re)
-            tl.store(grad_x_ptr + row * (2 * COORDS) + COORDS + cols, grad_im)
-
-
-@triton.jit
 def _per_group(x, PARTS_FIRST: tl.constexpr):
-    """A [GROUPS] value of each stretch's entry, broadcast over the parts and columns of its row."""
+    """A value per row (the backward: a chunk's rows; the segment sums: each stretch's entry), broadcast over the
+    parts and columns of its row."""
     if PARTS_FIRST:
         return x[None, :, None]
     else:
         return x[:, None, None]
+
+
+@triton.jit
+def _part_columns(PARTS: tl.constexpr, PART: tl.constexpr, VECTOR: tl.constexpr, ROWS: tl.constexpr,
+                  PARTS_FIRST: tl.constexpr):
+    """The columns of a row's PARTS parts of PART, the same on each of ROWS rows: [PARTS, ROWS, PART] where
+    PARTS_FIRST, else [ROWS, PARTS, PART] (see _segment_sum); VECTOR consecutive columns of each part a lane."""
+    cols = tl.max_contiguous(tl.multiple_of(tl.arange(0, PART), VECTOR), VECTOR)
+    rows = tl.arange(0, ROWS)
+    if PARTS_FIRST:
+        return tl.arange(0, PARTS)[:, None, None] * PART + cols[None, None, :] + 0 * rows[None, :, None]
+    else:
+        return tl.arange(0, PARTS)[None, :, None] * PART + cols[None, None, :] + 0 * rows[:, None, None]
+
+
+@triton.jit
+def lram_lookup_bwd_kernel(
+    values_ptr, grad_out_ptr, grad_values_ptr, weight_ptr, slot_weight_ptr, along_ptr, index_ptr, scale_ptr,
+    M: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr, PARTS: tl.constexpr,
+    PART: tl.constexpr, PARTS_FIRST: tl.constexpr, GRAD_X: tl.constexpr, GRAD_VALUES_ATOMIC: tl.constexpr,
+):
+    """The rows of one lookup, CHUNK at a time: the slot weights s u^4 (from the forward's u^4), a_k = g . v_k
+    (GRAD_X) and the value gradient by atomics (GRAD_VALUES_ATOMIC)."""
+    row = tl.program_id(0).to(tl.int64)
+    scale = tl.load(scale_ptr + row)
+    # A row's PARTS parts of PART columns are spread over PART / 4 lanes, 4 columns of each part a lane (the
+    # layout of the segment sums): a_k is summed in the lane but for two shuffles, where a [CHUNK, m] tile's lanes
+    # ran along the row (16 shuffles a chunk); a load or an atomic still covers 64 contiguous bytes of each row
+    VECTOR: tl.constexpr = min(PART, 4)
+    value_cols = _part_columns(PARTS, PART, VECTOR, CHUNK, PARTS_FIRST)
+    value_ok = value_cols < M
+    # g in every row of the chunk: each lane loads its own copy, in the layout of the rows
+    g = tl.load(grad_out_ptr + row * M + value_cols, mask=value_ok, other=0.0).to(tl.float32)
+    # each lane's columns once; a row then adds its offset (one wide multiply-add an address)
+    if GRAD_VALUES_ATOMIC:
+        grad_cols = grad_values_ptr + value_cols
+    WORDS: tl.constexpr = GRAD_X and values_ptr.dtype.element_ty == tl.bfloat16 and M % 2 == 0
+    if WORDS:  # a bf16 table read as words of two values (as the forward): g split into even and odd columns
+        word_cols = _part_columns(PARTS, PART // 2, VECTOR // 2, CHUNK, PARTS_FIRST)
+        word_ok = word_cols < M // 2
+        g_low, g_high = tl.split(tl.reshape(g, word_cols.shape + [2]))  # in the lanes that hold them
+        value_cols_ptr = values_ptr.to(tl.pointer_type(tl.int32)) + word_cols
+    elif GRAD_X:
+        value_cols_ptr = values_ptr + value_cols
+    for chunk in tl.range(TOPK_PAD // CHUNK, num_stages=1):
+        part = chunk * CHUNK + tl.arange(0, CHUNK)
+        part_ok = part < TOPK
+        part_index = tl.load(index_ptr + row * TOPK + part, mask=part_ok, other=0).to(tl.int64)
+        part_weight = scale * tl.load(weight_ptr + row * TOPK + part, mask=part_ok, other=0.0)
+        tl.store(slot_weight_ptr + row * TOPK + part, part_weight, mask=part_ok)  # the segment sums read it
+        ok = _per_group(part_ok, PARTS_FIRST) & value_ok
+        offsets = _per_group(part_index * M, PARTS_FIRST)
+        if GRAD_VALUES_ATOMIC:
+            tl.atomic_add(grad_cols + offsets, _per_group(part_weight, PARTS_FIRST) * g, mask=ok, sem="relaxed")
+        if GRAD_X:
+            if WORDS:  # each value made fp32 by one shift or one mask
+                pair = tl.load(value_cols_ptr + _per_group(part_index * (M // 2), PARTS_FIRST),
+                               mask=_per_group(part_ok, PARTS_FIRST) & word_ok, other=0)
+                products = (pair << 16).to(tl.float32, bitcast=True) * g_low
+                products += (pair & -65536).to(tl.float32, bitcast=True) * g_high
+            else:
+                products = tl.load(value_cols_ptr + offsets, mask=ok, other=0.0).to(tl.float32) * g
+            # the parts (in the lane) first, then the columns (in the lane, then over the row's lanes)
+            along = tl.sum(tl.sum(products, axis=0 if PARTS_FIRST else 1), axis=1)
+            tl.store(along_ptr + row * TOPK + part, along, mask=part_ok)
+
+
+@triton.jit
+def _store_rows(ptr, value, mask):
+    """ptr[b] + k = value[b, k] for rows [BLOCK, 8] held a row per lane: a store per column, where mask[b]."""
+    c0, c4, c2, c6, c1, c5, c3, c7 = _columns(value)
+    tl.store(ptr, c0, mask=mask)
+    tl.store(ptr + 1, c1, mask=mask)
+    tl.store(ptr + 2, c2, mask=mask)
+    tl.store(ptr + 3, c3, mask=mask)
+    tl.store(ptr + 4, c4, mask=mask)
+    tl.store(ptr + 5, c5, mask=mask)
+    tl.store(ptr + 6, c6, mask=mask)
+    tl.store(ptr + 7, c7, mask=mask)
+
+
+@triton.jit
+def lram_lookup_bwd_query_kernel(
+    x_ptr, grad_x_ptr, along_ptr, cand_ptr, zf_ptr, frame_ptr, scale_ptr, freq_ptr, points_ptr, n_rows,
+    TOPK: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr, FROM_Q: tl.constexpr,
+):
+    """The gradient to the queries of a block of lookups, a lane each holding its 8 coordinates (the frame
+    kernel's layout): from a_k = g . v_k (lram_lookup_bwd_kernel) over the slots k, in the lane,
+        dL/dz_F / s = -sum_k a_k u_k^3 (z_F - p_k)       and       dL/ds = sum_k a_k u_k^4,
+    dL/dz_F mapped back to q through the frame, then through the torus query (theta) or times s (from q)."""
+    block = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    source = tl.where(block < n_rows, block, 0).to(tl.int64)  # the block's tail reads row 0 and writes nothing
+    cols = tl.arange(0, COORDS)[None, :]
+    zf = _rows_of(zf_ptr, source, COORDS, 0)
+    grad_zf = tl.zeros((BLOCK, COORDS), tl.float32)  # over s: the scale enters below as a ratio (no overflow)
+    grad_scale = tl.zeros((BLOCK, ), tl.float32)
+    # a loop of UNROLL slots a trip (independent loads in flight), not unrolled whole (registers)
+    for k in tl.range(TOPK, num_stages=1, loop_unroll_factor=UNROLL):
+        p = _rows_of(points_ptr, tl.load(cand_ptr + source * TOPK + k).to(tl.int32), COORDS, 0).to(tl.float32)
+        diff = zf - p
+        u = tl.maximum(1.0 - tl.sum(diff * diff, axis=-1) * 0.125, 0.0)
+        au2 = tl.load(along_ptr + source * TOPK + k) * (u * u)
+        grad_zf -= (au2 * u)[:, None] * diff
+        grad_scale += au2 * (u * u)
+    # coordinate i went to place position_i with sign_i: dL/dq_i = sign_i dL/dz_F[position_i], gathered through
+    # memory (this lane's row of dL/dx, overwritten below). The block again, not registers held through the loop.
+    # The block's tail writes nothing and gathers from row 0: values it never stores
+    block = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = block < n_rows
+    source = tl.where(ok, block, 0).to(tl.int64)
+    WIDTH: tl.constexpr = COORDS if FROM_Q else 2 * COORDS
+    grad_x_row = grad_x_ptr + source * WIDTH
+    _store_rows(grad_x_row, grad_zf, ok)
+    tl.debug_barrier()
+    frame = tl.load(frame_ptr + source)[:, None]
+    grad_q = _rows_at(grad_x_row, (frame >> (3 * cols)) & 7)
+    grad_q = tl.where(((frame >> (24 + cols)) & 1) != 0, -grad_q, grad_q)
+    if FROM_Q:
+        _store_rows(grad_x_row, tl.load(scale_ptr + source)[:, None] * grad_q, ok)
+    else:
+        # on w = z / c as the forward (naive.torus_query): with rho_i = max(|w_i|, 2^-63), (cos_i, sin_i) the
+        # direction of w_i and r_i = s / (c rho_i) <= 1, ds/d(re_i, im_i) = r_i^2 (cos_i, sin_i) and
+        # s dq_i/d(re_i, im_i) = s K_i/(2 pi) (-sin_i, cos_i) / (c rho_i): bounded for every finite z.
+        # K_i/(2 pi) dL/dq_i through memory too: registers for what follows
+        freq = _rows_of(freq_ptr, tl.zeros((BLOCK, ), tl.int32), 0, 0)
+        _store_rows(grad_x_row, grad_q * freq, ok)
+        tl.debug_barrier()
+        re = _rows_of(x_ptr, source, 2 * COORDS, 0).to(tl.float32)
+        im = _rows_of(x_ptr, source, 2 * COORDS, COORDS).to(tl.float32)
+        re, im, c, valid = _scaled_head(re, im)
+        squared = re * re + im * im
+        lift = squared < TINY
+        re = tl.where(lift, re * LIFT, re)
+        im = tl.where(lift, im * LIFT, im)
+        lifted = re * re + im * im
+        direction = tl.math.rsqrt(tl.where(lifted == 0.0, 1.0, lifted))
+        cos = tl.where(lifted == 0.0, 1.0, re * direction)
+        sin = im * direction
+        inverse_rho = tl.where(lift, FLOOR_INVERSE, direction)
+        ratio = inverse_rho * tl.fdiv(1.0, tl.sum(inverse_rho, axis=-1, keep_dims=True))
+        radial = grad_scale[:, None] * ratio * ratio
+        angular = _rows_of(grad_x_row, tl.zeros((BLOCK, ), tl.int32), 0, 0) * ratio
+        _store_rows(grad_x_row, tl.where(valid, radial * cos - angular * sin, 0.0), ok)
+        _store_rows(grad_x_row + COORDS, tl.where(valid, radial * sin + angular * cos, 0.0), ok)
 
 
 @triton.jit
@@ -691,6 +772,13 @@ def _meta(topk, M):
     return dict(M=M, M_PAD=triton.next_power_of_2(max(M, 1)), TOPK=topk, TOPK_PAD=triton.next_power_of_2(topk))
 
 
+def _parts(M):
+    # a row's parts: PART columns each, PART / 4 lanes with 4 columns each
+    M_PAD = triton.next_power_of_2(max(M, 1))
+    part = min(M_PAD, SEGMENT_PART)
+    return dict(PARTS=M_PAD // part, PART=part)
+
+
 _FIRST_PROBES: dict = {}
 
 
@@ -759,11 +847,13 @@ def lookup_fwd(x_rows, values, K, topk, from_q, read, save, out_dtype=torch.floa
     return out, cand, index, weight, zf[:n], frame[:n], scale[:n]
 
 
-def lookup_bwd(x_rows, values, grad_rows, cand, index, zf, frame, scale, K, topk, from_q, need_x, value_grad):
+def lookup_bwd(x_rows, values, grad_rows, cand, index, weight, zf, frame, scale, K, topk, from_q, need_x,
+               value_grad):
     """Launch the backward kernels; returns (grad_x fp32 or None, grad_values, slot_weight s u^4 [n, topk]).
 
-    value_grad: "atomic" or "segment" give the dense fp32 value gradient [N, m]; "sparse" gives (the memory
-    indices read, rising; their [U, m] fp32 sums); "none" gives None.
+    weight: the forward's u^4 (times s, NaN or 1, from q). value_grad: "atomic" or "segment" give the dense fp32
+    value gradient [N, m]; "sparse" gives (the memory indices read, rising; their [U, m] fp32 sums); "none" gives
+    None.
     """
     n, M = x_rows.shape[0], values.shape[1]
     atomic = value_grad == "atomic"
@@ -772,13 +862,17 @@ def lookup_bwd(x_rows, values, grad_rows, cand, index, zf, frame, scale, K, topk
     grad_values = torch.zeros(values.shape, dtype=torch.float32, device=values.device) if dense else None
     slot_weight = torch.empty(n, topk, dtype=torch.float32, device=x_rows.device)
     along = torch.empty(n, topk, dtype=torch.float32, device=x_rows.device) if need_x else None  # g . v_k
-    freq, _, _, _, _, points16, _ = _tables(K, topk, x_rows.device)
     if n and (need_x or value_grad != "none"):
         lram_lookup_bwd_kernel[(n,)](
-            x_rows, values if need_x else None, grad_rows, grad_x, grad_values if atomic else None, slot_weight,
-            along, cand, index, zf, frame if need_x else None, scale, freq, points16,
-            CHUNK=min(8, triton.next_power_of_2(topk)), FROM_Q=from_q, GRAD_X=need_x, GRAD_VALUES_ATOMIC=atomic,
-            num_warps=1, maxnreg=REGISTERS, **_meta(topk, M))
+            values if need_x else None, grad_rows, grad_values if atomic else None, weight, slot_weight, along,
+            index, scale, M=M, TOPK=topk, TOPK_PAD=triton.next_power_of_2(topk),
+            CHUNK=min(8, triton.next_power_of_2(topk)), **_parts(M), PARTS_FIRST=PARTS_FIRST, GRAD_X=need_x,
+            GRAD_VALUES_ATOMIC=atomic, num_warps=1, maxnreg=REGISTERS)
+    if n and need_x:
+        freq, _, _, _, _, points16, _ = _tables(K, topk, x_rows.device)
+        lram_lookup_bwd_query_kernel[(triton.cdiv(n, FRAME_BLOCK),)](
+            x_rows, grad_x, along, cand, zf, frame, scale, freq, points16, n, TOPK=topk, BLOCK=FRAME_BLOCK,
+            UNROLL=QUERY_UNROLL, FROM_Q=from_q, num_warps=FRAME_BLOCK // 32, maxnreg=REGISTERS)
     if value_grad in ("segment", "sparse"):
         grad_values = _segment_sum(grad_rows, index, slot_weight, grad_values, topk, values.shape)
     return grad_x, grad_values, slot_weight
@@ -791,11 +885,12 @@ def lookup_bwd(x_rows, values, grad_rows, cand, index, zf, frame, scale, K, topk
 @torch.library.custom_op("lram_gpt::lookup_fwd", mutates_args=())
 def _lookup_fwd_op(x_rows: torch.Tensor, values: torch.Tensor, K: list[int], topk: int, from_q: bool, save: bool,
                    out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                                    torch.Tensor, torch.Tensor]:
-    out, cand, index, _, zf, frame, scale = lookup_fwd(x_rows, values, tuple(K), topk, from_q, True, save, out_dtype)
+                                                    torch.Tensor, torch.Tensor, torch.Tensor]:
+    out, cand, index, weight, zf, frame, scale = lookup_fwd(x_rows, values, tuple(K), topk, from_q, True, save,
+                                                            out_dtype)
     if not save:  # a custom op returns tensors, none aliasing another: empty ones stand for nothing saved
         zf, frame, scale = (x_rows.new_empty(0) for _ in range(3))
-    return out, cand, index, zf, frame, scale
+    return out, cand, index, weight, zf, frame, scale
 
 
 @_lookup_fwd_op.register_fake
@@ -804,21 +899,22 @@ def _(x_rows, values, K, topk, from_q, save, out_dtype):
     saved = (x_rows.new_empty(n, DIM, dtype=torch.float32), x_rows.new_empty(n, dtype=torch.int32),
              x_rows.new_empty(n, dtype=torch.float32)) if save else (x_rows.new_empty(0),) * 3
     return (x_rows.new_empty(n, values.shape[1], dtype=out_dtype), x_rows.new_empty(n, topk, dtype=torch.int16),
-            x_rows.new_empty(n, topk, dtype=torch.int32), *saved)
+            x_rows.new_empty(n, topk, dtype=torch.int32), x_rows.new_empty(n, topk, dtype=torch.float32), *saved)
 
 
 @torch.library.custom_op("lram_gpt::lookup_bwd", mutates_args=())
 def _lookup_bwd_op(x_rows: torch.Tensor, values: torch.Tensor, grad_rows: torch.Tensor, cand: torch.Tensor,
-                   index: torch.Tensor, zf: torch.Tensor, frame: torch.Tensor, scale: torch.Tensor, K: list[int],
-                   topk: int, from_q: bool, need_x: bool, value_grad: str) -> tuple[torch.Tensor, torch.Tensor]:
-    grad_x, grad_values, _ = lookup_bwd(x_rows, values, grad_rows, cand, index, zf, frame, scale, tuple(K), topk,
-                                        from_q, need_x, value_grad)
+                   index: torch.Tensor, weight: torch.Tensor, zf: torch.Tensor, frame: torch.Tensor,
+                   scale: torch.Tensor, K: list[int], topk: int, from_q: bool, need_x: bool,
+                   value_grad: str) -> tuple[torch.Tensor, torch.Tensor]:
+    grad_x, grad_values, _ = lookup_bwd(x_rows, values, grad_rows, cand, index, weight, zf, frame, scale, tuple(K),
+                                        topk, from_q, need_x, value_grad)
     empty = x_rows.new_empty(0, dtype=torch.float32)
     return (grad_x if need_x else empty), (grad_values if value_grad != "none" else empty)
 
 
 @_lookup_bwd_op.register_fake
-def _(x_rows, values, grad_rows, cand, index, zf, frame, scale, K, topk, from_q, need_x, value_grad):
+def _(x_rows, values, grad_rows, cand, index, weight, zf, frame, scale, K, topk, from_q, need_x, value_grad):
     empty = x_rows.new_empty(0, dtype=torch.float32)
     return (x_rows.new_empty(x_rows.shape, dtype=torch.float32) if need_x else empty,
             values.new_empty(values.shape, dtype=torch.float32) if value_grad != "none" else empty)
@@ -834,27 +930,27 @@ class LookupFunction(torch.autograd.Function):
             x_rows = x_rows.to(torch.float32)
         values_c = values.contiguous()
         save = any(ctx.needs_input_grad[:2])
-        out, cand, index, zf, frame, scale = torch.ops.lram_gpt.lookup_fwd(x_rows, values_c, list(K), topk, from_q,
-                                                                           save, out_dtype)
-        ctx.save_for_backward(x_rows, values_c, cand, index, zf, frame, scale)
+        out, cand, index, weight, zf, frame, scale = torch.ops.lram_gpt.lookup_fwd(x_rows, values_c, list(K), topk,
+                                                                                   from_q, save, out_dtype)
+        ctx.save_for_backward(x_rows, values_c, cand, index, weight, zf, frame, scale)
         ctx.K, ctx.topk, ctx.value_grad, ctx.sparse, ctx.from_q = K, topk, value_grad, sparse, from_q
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         return out.view(*x.shape[:-1], values.shape[1])
 
     @staticmethod
     def backward(ctx, grad_out):
-        x_rows, values, cand, index, zf, frame, scale = ctx.saved_tensors
+        x_rows, values, cand, index, weight, zf, frame, scale = ctx.saved_tensors
         n, M = x_rows.shape[0], values.shape[1]
         grad_rows = grad_out.reshape(n, M).contiguous()
         need_x, need_values = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if need_values and ctx.sparse:  # a data-dependent row count: eager, as the sparse forward
-            grad_x, (rows_read, sums), _ = lookup_bwd(x_rows, values, grad_rows, cand, index, zf, frame, scale,
-                                                      ctx.K, ctx.topk, ctx.from_q, need_x, "sparse")
+            grad_x, (rows_read, sums), _ = lookup_bwd(x_rows, values, grad_rows, cand, index, weight, zf, frame,
+                                                      scale, ctx.K, ctx.topk, ctx.from_q, need_x, "sparse")
             grad_values = sparse_rows(rows_read.long(), sums.to(values.dtype), values.shape)
         else:
             grad_x, grad_values = torch.ops.lram_gpt.lookup_bwd(
-                x_rows, values, grad_rows, cand, index, zf, frame, scale, list(ctx.K), ctx.topk, ctx.from_q,
-                need_x, ctx.value_grad if need_values else "none")
+                x_rows, values, grad_rows, cand, index, weight, zf, frame, scale, list(ctx.K), ctx.topk,
+                ctx.from_q, need_x, ctx.value_grad if need_values else "none")
             grad_values = grad_values.to(values.dtype) if need_values else None
         grad_x = grad_x.view(ctx.x_shape).to(ctx.x_dtype) if need_x else None
         return grad_x, grad_values, None, None, None, None, None, None
@@ -875,13 +971,12 @@ def _segment_sum(grad_rows, index, slot_weight, grad_values, topk, shape):
         rows_read = sorted_index[starts]  # the one host synchronisation: the sparse tensor's size
         grad_values = torch.zeros(rows_read.shape[0], M, dtype=torch.float32, device=index.device)
     if n_entries:
-        M_PAD = triton.next_power_of_2(max(M, 1))
-        part = min(M_PAD, SEGMENT_PART)  # a row's part: PART / 4 lanes, 4 columns each
+        parts = _parts(M)
         blocks = triton.cdiv(n_entries, SEGMENT_BLOCK)
         record = torch.empty(blocks * SEGMENT_BLOCK, 4, dtype=torch.int32, device=index.device)  # scratch
         lram_lookup_segment_sum_kernel[(blocks,)](
             sorted_index, order, slot_weight, grad_rows, target, grad_values, record, n_entries,
-            M=M, PARTS=M_PAD // part, PART=part, TOPK=topk, BLOCK=SEGMENT_BLOCK, GROUPS=min(SEGMENT_BLOCK, 128 // part),
+            M=M, **parts, TOPK=topk, BLOCK=SEGMENT_BLOCK, GROUPS=min(SEGMENT_BLOCK, 128 // parts["PART"]),
             PARTS_FIRST=PARTS_FIRST, COMPACT=compact, WIDE=max(grad_rows.shape[0], shape[0]) * M >= 2**31, num_warps=1)
     return (rows_read, grad_values) if compact else grad_values
 
@@ -1008,11 +1103,19 @@ def cost_spec(kernel, constants, signature, spec):
         trips = [probes, tie_trips] + [triton.next_power_of_2(topk) // constants["CHUNK"]] * constants["READ"]
         return spec(1, trips, moved, f"loops: mean {probes:.2f} probes, {tie_trips:.3f} tie steps "
                                      f"over 4096 random queries")
-    if kernel == "lram_lookup_bwd_kernel":
+    if kernel == "lram_lookup_bwd_kernel":  # per lookup: its rows (read, added to), g, the per-slot values
+        grad_bytes = {"*bf16": 2, "*fp16": 2}.get(signature.get("grad_out_ptr"), 4)
         moved = topk * m * value_bytes * constants["GRAD_X"] + topk * m * 4 * constants["GRAD_VALUES_ATOMIC"]
-        moved += 16 * 8 + m * 2 + topk * 6 + 40 + topk * 4 * (1 + constants["GRAD_X"])
+        moved += m * grad_bytes + 4 + topk * (4 + 4 + 4 + 4 * constants["GRAD_X"])  # index, u^4, s u^4 and a_k
         return spec(1, [triton.next_power_of_2(topk) // constants["CHUNK"]], moved,
                     f"a lookup: one head reading its {topk} rows of m = {m} values")
+    if kernel == "lram_lookup_bwd_query_kernel":  # per lookup: a_k and the slots, z_F, frame, scale; x and dL/dx
+        x_bytes = {"*bf16": 2, "*fp16": 2}.get(signature.get("x_ptr"), 4)
+        width = DIM if constants["FROM_Q"] else HEAD_INPUTS
+        moved = topk * (4 + 2) + DIM * 4 + 4 + 4 + width * 4 + (0 if constants["FROM_Q"] else width * x_bytes)
+        # the slot loop: UNROLL slots a trip, then a loop over the rest (none where UNROLL divides TOPK)
+        trips = [topk // constants["UNROLL"], topk % constants["UNROLL"]]
+        return spec(constants["BLOCK"], trips, moved, f"a program: {constants['BLOCK']} lookups, a row each")
     if kernel == "lram_lookup_segment_sum_kernel":  # per lookup: its TOPK entries; a row's gradient written ~once
         per_entry = m * 4 + 4 + 8 + 4 + 4 * constants["COMPACT"] + 16  # 16: the entry's record, written once
         return spec(constants["BLOCK"] / topk, [], topk * per_entry + topk * m * 4,
