@@ -65,7 +65,7 @@ HEAD_INPUTS = 2 * DIM
 MAGIC = tl.constexpr(1.5 * 2.0**23)  # an fp32 in [2^23, 2^24) holds an integer in its low bits
 PLACE = tl.constexpr(6 * DIM)  # int32 per lookup that the frame kernel writes for the forward
 FRAME_BLOCK = 32  # lookups per program of the frame kernel: a row each
-QUERY_UNROLL = 2  # slots a trip of the backward's query-gradient loop (what LLVM chose when left to itself)
+QUERY_UNROLL = 2  # slots a trip of the query kernel's loop; the 4 that LLVM chose unasked spilled registers
 SEGMENT_BLOCK = 64  # sorted (row, slot) entries per program of the segment sums
 SEGMENT_PART = 16  # columns of a row part (segment sums, backward rows): 4 lanes, 4 each; 128 // 16 stretches summed
 # The segment sums' lanes should run over the stretches and each hold all parts of its row: of two dimensions with
@@ -565,7 +565,8 @@ def lram_lookup_bwd_kernel(
 
 @triton.jit
 def _store_rows(ptr, value, mask):
-    """ptr[b] + k = value[b, k] for rows [BLOCK, 8] held a row per lane: a store per column, where mask[b]."""
+    """Stores value[b, k] at ptr[b] + k where mask[b], for rows [BLOCK, 8] held a row per lane: a store per
+    column (as _store_by_place)."""
     c0, c4, c2, c6, c1, c5, c3, c7 = _columns(value)
     tl.store(ptr, c0, mask=mask)
     tl.store(ptr + 1, c1, mask=mask)
