@@ -159,17 +159,10 @@ def _columns(x):
 
 
 @triton.jit
-def _head_inputs(z_ptr, row, cols):
-    """One head's 16 inputs as w = z / c (naive.head_scale: c a power of two, so w is exact and at most 2 in size,
-    whatever finite z is), and whether all 16 are finite. Returns (re, im, c, valid)."""
-    re = tl.load(z_ptr + row * (2 * COORDS) + cols).to(tl.float32)
-    im = tl.load(z_ptr + row * (2 * COORDS) + COORDS + cols).to(tl.float32)
-    return _scaled_head(re, im)
-
-
-@triton.jit
 def _scaled_head(re, im):
-    """_head_inputs of loaded inputs re, im [..., 8]: reductions over the last axis."""
+    """Heads' 16 inputs re, im [..., 8] as w = z / c (naive.head_scale: c a power of two, so w is exact and at most
+    2 in size, whatever finite z is), and whether all 16 are finite: (re, im, c, valid), reductions over the last
+    axis."""
     finite = (tl.abs(re) < INFINITY) & (tl.abs(im) < INFINITY)  # NaN compares false
     valid = tl.sum(finite.to(tl.int32), axis=-1, keep_dims=True) == COORDS
     largest = tl.max(tl.maximum(tl.abs(re), tl.abs(im)), axis=-1, keep_dims=True)
@@ -1086,7 +1079,8 @@ def cost_spec(kernel, constants, signature, spec):
     """For scripts/kernel_cost.py: lookups per program, loop trip counts and bytes per lookup of a launch."""
     value_bytes = {"*bf16": 2, "*fp16": 2}.get(signature.get("values_ptr"), 4)
     topk = constants.get("TOPK", 0)
-    m = constants.get("M_PAD", constants.get("PARTS", 0) * constants.get("PART", 0))  # the segment sums' M_PAD
+    # the row width padded to a power of two: the read kernel's M_PAD, the backward's and segment sums' parts
+    m = constants.get("M_PAD", constants.get("PARTS", 0) * constants.get("PART", 0))
     if kernel == "lram_lookup_frame_kernel":  # per lookup: its inputs, then z_F, frame, scale and the place rows
         moved = (DIM if constants["FROM_Q"] else HEAD_INPUTS) * 4 + DIM * 4 + 4 + 4 + PLACE.value * 4
         return spec(constants["BLOCK"], [], moved, f"a program: {constants['BLOCK']} lookups, a row each")
