@@ -74,15 +74,17 @@ def load_project(project: str, config: str, model_overrides: dict | None = None,
 SLOWER_IN_A_ROW = 2  # on a CPU the sweep stops once this many larger batches in a row are slower than the best
 
 
-def sweep_batch_sizes(measure, max_batch_size: int, stop_when_slower: bool) -> list[Measurement]:
-    """Double the batch size until out of memory, then bisect towards the largest batch that fits.
+def sweep_batch_sizes(measure, max_batch_size: int, stop_when_slower: bool,
+                      min_batch_size: int = 1) -> list[Measurement]:
+    """Double the batch size from min_batch_size until out of memory, then bisect towards the largest batch that
+    fits.
 
     On CPU nothing runs out of memory before the machine swaps, so `stop_when_slower` also ends the doubling
     once SLOWER_IN_A_ROW larger batches in a row are slower than the best so far (one noisy measurement does not
     end it).
     """
     results = {}
-    batch_size, largest_fit, smallest_oom, slower = 1, None, None, 0
+    batch_size, largest_fit, smallest_oom, slower = min_batch_size, None, None, 0
     while batch_size <= max_batch_size:
         result = results[batch_size] = measure(batch_size)
         if result.tokens_per_second is None:
@@ -95,7 +97,8 @@ def sweep_batch_sizes(measure, max_batch_size: int, stop_when_slower: bool) -> l
             break
         batch_size *= 2
     if largest_fit is None:
-        raise SystemExit("out of memory at batch size 1: this config does not fit on this device")
+        raise SystemExit(f"out of memory at batch size {min_batch_size}: this config does not fit on this device "
+                         "at the sweep's smallest batch")
     while smallest_oom is not None and smallest_oom - largest_fit > 1:
         middle = (largest_fit + smallest_oom) // 2
         result = results[middle] = measure(middle)
@@ -152,6 +155,9 @@ def build_parser(configs=None, first_pass: bool = False) -> argparse.ArgumentPar
                         help=f"as train.py's (default {TrainConfig.hebbian_min_mix})")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--max_batch_size", type=int, default=4096, help="largest batch size the sweep tries")
+    parser.add_argument("--min_batch_size", type=int, default=1,
+                        help="batch size the sweep starts from (doubling; default 1): spares a slow model's small "
+                             "batches, which a GPU never trains at best")
     parser.add_argument("--paper_config_on_cpu", type=parse_bool, default=False,
                         help="time a config that is not CPU-sized ('cpu', '*_cpu') on a CPU: minutes per step for "
                              "the paper's sizes, and a row no compute class uses (true/false; default false)")
@@ -185,6 +191,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--warmup must be at least 1 (the first step allocates and autotunes)")
     if args.batch_size is not None and args.batch_size < 1:
         parser.error("--batch_size must be positive")
+    if not 1 <= args.min_batch_size <= args.max_batch_size:
+        parser.error(f"--min_batch_size must lie in 1..--max_batch_size ({args.max_batch_size})")
     if args.micro_batches < 1:
         parser.error("--micro_batches must be at least 1")
     if args.batch_size is not None and args.batch_size % args.micro_batches:
@@ -264,7 +272,8 @@ def measure_model(project: str, config: str, model_overrides: dict, args: argpar
     if args.sweep:  # over the micro-batch: the global batch is micro_batches of it
         micro = args.micro_batches
         results = sweep_batch_sizes(lambda b: measure(b * micro), args.max_batch_size // micro,
-                                    stop_when_slower=device.type != "cuda")
+                                    stop_when_slower=device.type != "cuda",
+                                    min_batch_size=max(1, args.min_batch_size // micro))
     else:
         results = [measure(args.batch_size)]
     fitted = [r for r in results if r.tokens_per_second is not None]

@@ -508,3 +508,15 @@ def test_measure_script_runs_from_the_command_line_on_gpt(tmp_path):
     assert result.returncode == 0, result.stderr
     row = tp.lookup(registry, tp.model_spec("gpt", "cpu", gpt_configs.get("cpu", seq_len=32)), "cpu")
     assert (row.batch_size, row.source, row.model_flags) == (2, "measured", "--seq_len 32")
+
+
+def test_sweep_from_a_smallest_batch_skips_the_smaller_ones():
+    script = load_script("measure_throughput")
+    tried = []
+
+    def measure(batch_size):  # fits up to 100
+        tried.append(batch_size)
+        return script.Measurement(batch_size, None if batch_size > 100 else float(batch_size), None, None)
+
+    script.sweep_batch_sizes(measure, max_batch_size=4096, stop_when_slower=False, min_batch_size=16)
+    assert tried == [16, 32, 64, 128, 96, 112, 104, 100, 102, 101]

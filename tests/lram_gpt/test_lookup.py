@@ -355,9 +355,10 @@ def theta_in_float64(z, values, K):
     return scale * naive.interpolate(q, values, K)
 
 
-# |z_i| from 1e-30 to 1e30 (the old kernels: an inf gradient below ~1e-15, a wrong one above ~7e12) and a head
-# whose coordinates span 12 orders of magnitude
-MAGNITUDES = [1e-30, 1e-17, 1.0, 1e13, 1e30, "mixed"]
+# |z_i| from 1e-30 to 1e30 (the old kernels: an inf gradient below ~1e-15, a wrong one above ~7e12), a head
+# whose coordinates span 12 orders of magnitude, and one whose first pair lies 1e-30 below the others (its |w_1|^2
+# underflows to 0: the kernels once read it at angle 0, a relative error of ~1 in theta)
+MAGNITUDES = [1e-30, 1e-17, 1.0, 1e13, 1e30, "mixed", "tiny pair"]
 
 
 @pytest.mark.parametrize("z_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -371,10 +372,12 @@ def test_theta_is_right_for_tiny_and_huge_heads(path, z_dtype, device):
         if magnitude == "mixed":
             z[..., :4] *= 1e-12  # z_1..z_4: re 1e-12, im 1
             z[..., 8:12] *= 1e-12
+        elif magnitude == "tiny pair":
+            z[..., [0, 8]] *= 1e-30
         else:
             z = z * magnitude
         z = z.to(z_dtype)  # the float64 answer is for these (rounded) inputs
-        size = 1.0 if magnitude == "mixed" else magnitude
+        size = magnitude if isinstance(magnitude, float) else 1.0
         z_expected = z.double().requires_grad_()
         v_expected = values.double().requires_grad_()
         expected = theta_in_float64(z_expected, v_expected, K)

@@ -223,9 +223,10 @@ def _torus_query(re, im, freq):
     re, im, c, valid = _scaled_head(re, im)
     squared = re * re + im * im
     scale = c * tl.fdiv(1.0, tl.sum(tl.math.rsqrt(tl.maximum(squared, TINY)), axis=-1, keep_dims=True))
-    # a w_i below the floor (sqrt(tiny)): its angle from w_i * 2^64 (exact), where no division flushes it
+    # a w_i below the floor (sqrt(tiny)): its angle from w_i * 2^64 (exact), where no division flushes it; _atan2
+    # gives 0 at w_i = 0 as the reference (no test of squared == 0 here: below ~1e-19 it underflows for w_i != 0)
     lift = tl.where(squared < TINY, LIFT, 1.0)
-    angle = _atan2(im * lift, tl.where(squared == 0.0, 1.0, re * lift))
+    angle = _atan2(im * lift, re * lift)
     q = tl.where(valid, angle * freq, 0.0)
     # inf - inf is NaN: a NaN global would break the JIT's cache check (NaN != NaN)
     return tl.where(valid, scale, INFINITY - INFINITY), q
