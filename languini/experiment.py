@@ -66,6 +66,8 @@ class RunConfig:
     wandb_project: str = arg("languini", "Weights & Biases project")
     tensorboard: bool = arg(False, "log to TensorBoard (true/false; needs the tensorboard package)")
     dry_run: bool = arg(False, "print the training plan and exit (true/false)")
+    plan_json: str | None = arg(None, "also write the plan (steps, tokens, parameters, expected wall time) to this "
+                                      "JSON file, e.g. with --dry_run true for a tool that plans many runs")
 
 
 class RunExtension(Protocol):
@@ -165,17 +167,21 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     # the plan: printed here (the dry run stops after it), followed by the trainer, recorded in config.json
     local_hw = throughput.local_device_name(device)
     model = throughput.model_spec(project, config_name, model_cfg, hebbian.settings(tcfg))  # Hebbian: its own row
-    fwd_flops = None
+    fwd_flops = n_parameters = None
     if ddp.main:  # counted on this process alone, on the whole model
         with model_parallel.single_process():
-            fwd_flops = flops.forward_flops(model_cls(model_cfg).to(device), model_cfg.seq_len, model_cfg.vocab_size,
-                                            device)
+            whole = model_cls(model_cfg).to(device)
+            n_parameters = model_parallel.parameter_count(whole)
+            fwd_flops = flops.forward_flops(whole, model_cfg.seq_len, model_cfg.vocab_size, device)
+            del whole
     # every process plans the evaluation: its caps, sized to the class, must be the same on all of them
     plan = planning.plan_run(model, model_cls, model_cfg, tcfg, device, ddp.world_size, fwd_flops, dataset, stateful,
                              settings.cpu_path, rcfg.out_dir, say)
     if extension is not None:
         plan = extension.plan(plan)
     say(planning.format_plan(plan))
+    if rcfg.plan_json and ddp.main:
+        write_json(Path(rcfg.plan_json), planning.plan_summary(plan, n_parameters))
     if rcfg.dry_run:
         return None
 

@@ -611,6 +611,23 @@ def describe_schedule(schedule: stages.Schedule) -> str:
     return ", then ".join(f"{n:,} steps at {length}" for length, n in zip(schedule.seq_lens, schedule.steps))
 
 
+def plan_summary(plan: Plan, parameters: int | None) -> dict:
+    """The plan in numbers, as `train.py --plan_json` writes it (None where unknown): what a tool planning many
+    runs (scripts/compare.py) tabulates."""
+    work = plan.evaluation
+    evaluation = None
+    if work is not None and plan.local_row is not None:
+        evaluation = plan.expected_eval_seconds(work.during_training) + plan.expected_final_eval_seconds()
+    return {"project": plan.model.project, "config": plan.model.config, "model_flags": plan.model.flags,
+            "model_fingerprint": plan.model.fingerprint, "parameters": parameters,
+            "compute_class": plan.compute_class, "reference_hardware": plan.reference_hardware,
+            "tokens_per_second": plan.tokens_per_second, "throughput_source": plan.throughput_source,
+            "global_batch_size": plan.global_batch_size, "seq_len": plan.seq_len, "steps": plan.steps,
+            "tokens": plan.tokens, "accelerator_seconds": plan.accelerator_seconds, "total_flops": plan.total_flops,
+            "local_hardware": plan.local_hardware, "expected_train_seconds": plan.expected_wall_seconds,
+            "expected_eval_seconds": evaluation}
+
+
 def format_plan(plan: Plan) -> str:
     """The plan as `train.py --dry_run` prints it: one line for --max_steps, an aligned table for a compute
     class; its notes below."""

@@ -21,7 +21,9 @@
 # The calls (issue 48): call1 = env, the kernel tests on CUDA, LRAM's kernels against their one-kernel versions
 # (LRAM_BASE_TREE, default .base/0255b19: `git archive 0255b19 | tar -x -C .base/0255b19`, carried), the
 # memory-layer benchmark at widths 768 and 4096; call2 = the throughput sweep of feedback against GPT small (in
-# the same process), the compiled rows of compressive and shortformer. `--plan all` lists every step.
+# the same process), the compiled rows of compressive and shortformer; call3 = the comparison grid (compare.py)
+# on the book subset (DATA_ROOT=data/gpu_subset VOCAB_SIZE=16384, carried; scripts/README.md says how to make
+# it), whose run folders continue where a call cut them only on the same machine. `--plan all` lists every step.
 # Throughput rows are appended to copies of the registries in $OUT/throughput/<project>.csv, not to projects/.
 # The memory layers, which have no published rows, also get a row derived for the paper's RTX 3090 by ratio to
 # GPT small measured in the same step (measure_throughput.py --derive).
@@ -171,6 +173,24 @@ switch_gpt_check() {  # its kernel tests on CUDA; a small switch_gpt (bf16, the 
     return $status
 }
 
+compare_grid() {  # scripts/compare.py on the GPU: the 9 language models at 20 s and 60 s of the RTX 3090, one seed
+    if [[ -z "${DATA_ROOT:-}" ]]; then  # the small configs never train on the embedded corpus
+        echo "compare needs DATA_ROOT (and VOCAB_SIZE): a prepared book corpus that travels, e.g. data/gpu_subset"
+        return 2
+    fi
+    local project
+    for project in lram_gpt pkm_gpt; do  # no RTX 3090 row yet: derived from GPT small, into this copy's registry
+        grep -q 'RTX 3090' "projects/$project/throughput.csv" ||
+            python scripts/measure_throughput.py "$project" small --batch_size 64 --steps 10 --warmup 2 \
+                --registry "projects/$project/throughput.csv" --derive 'RTX 3090' --baseline gpt:small || return 1
+    done
+    python scripts/compare.py --entries gpt qlstm lram_gpt pkm_gpt switch_gpt compressive shortformer feedback sam \
+        --classes 20s 60s --seeds 1 --out "$OUT/comparison" -- --data_root "$DATA_ROOT" --vocab_size "${VOCAB_SIZE:-16384}"
+    local status=$?
+    [[ -d "$OUT/comparison" ]] && find "$OUT/comparison" -name "*.pt" -delete  # the checkpoints stay here
+    return $status
+}
+
 several_gpus() {  # memory tables and experts split over 2 GPUs (NCCL) against copied ones, then the benchmark
     local gpus
     gpus=$(nvidia-smi -L | wc -l)
@@ -207,7 +227,7 @@ bench_neural_bloom() {  # Table 5.2 of Rae's thesis on the GPU: the Neural Bloom
     python projects/neural_bloom/bench.py --task timing --device cuda --out "$OUT/neural_bloom_timing.json"
 }
 
-export -f env_report kernel_tests throughput_sweep throughput_row bench_qlstm bench_memory_layers lram_kernels \
+export -f compare_grid env_report kernel_tests throughput_sweep throughput_row bench_qlstm bench_memory_layers lram_kernels \
     bench_pkm_torch_search train_smoke feedback_tests bench_feedback switch_gpt_check several_gpus bench_neural_bloom
 
 # step: timeout in seconds, expected seconds (from the last sessions' logs on an H200; ~: a guess, not yet
@@ -239,6 +259,7 @@ declare -A STEPS=(
     [train_lram_gpt_options]="100 ~70 train_smoke lram_gpt --memory_layers 3,7 --share_memory true --memory_gate silu"
     [train_pkm_gpt_options]="100 ~70 train_smoke pkm_gpt --memory_layers 3,7 --share_memory true --memory_gate silu"
     [several_gpus]="420 ~300 several_gpus"
+    [compare]="540 ~600 compare_grid"
     [row_switch_gpt]="50 25 throughput_row switch_gpt 64"
     [row_compressive]="50 25 throughput_row compressive 64"
     [row_shortformer]="50 25 throughput_row shortformer 64"
@@ -252,6 +273,7 @@ declare -A STEPS=(
 declare -A STEP_GROUPS=(
     [call1]="env tests lram_kernels bench_memory_bf16"
     [call2]="throughput_feedback row_compressive_compiled row_shortformer_compiled"
+    [call3]="compare"
     [throughput]="throughput_gpt throughput_qlstm throughput_lram_gpt throughput_pkm_gpt"
     [bench]="bench_qlstm bench_memory_bf16 bench_memory_fp32 bench_sam_topk bench_neural_bloom"
     [train]="train_gpt train_qlstm train_lram_gpt train_pkm_gpt"
@@ -264,7 +286,7 @@ declare -A STEP_GROUPS=(
            row_shortformer_compiled bench_memory_fp32 bench_pkm_torch_search switch_gpt throughput_gpt throughput_qlstm
            throughput_lram_gpt throughput_pkm_gpt bench_qlstm bench_sam_topk bench_neural_bloom train_gpt train_qlstm
            train_lram_gpt train_pkm_gpt tests_feedback bench_feedback train_feedback train_lram_gpt_options
-           train_pkm_gpt_options several_gpus row_switch_gpt row_compressive row_shortformer row_shortformer_128
+           train_pkm_gpt_options several_gpus compare row_switch_gpt row_compressive row_shortformer row_shortformer_128
            row_feedback row_sam row_switch_gpt_compiled"
 )
 CALL_LIMIT=540  # seconds: a call of the device tool that ends within 9 minutes
@@ -313,7 +335,7 @@ if [[ $mode == plan ]]; then
     done
     echo "timeouts sum to ${total}s; a call holds ${CALL_LIMIT}s; expected times marked ~ are guesses, not yet timed"
     status=0
-    for group in call1 call2; do
+    for group in call1 call2 call3; do
         sum=$(timeouts ${STEP_GROUPS[$group]})
         echo "$group: timeouts sum to ${sum}s"
         ((sum <= CALL_LIMIT)) || { echo "$group holds more than one call (${CALL_LIMIT}s)"; status=1; }
