@@ -241,8 +241,9 @@ def gather_rows(x: torch.Tensor, shards: ShardGroup) -> tuple[torch.Tensor, list
 # -- what the trainer does ----------------------------------------------------------------------------
 
 def ddp_ignored(module: nn.Module) -> list[str]:
-    """Names of the model-parallel parameters of the module DDP wraps: DDP must not average them."""
-    return [name for name, p in module.named_parameters() if sharding(p)]
+    """Names of the model-parallel parameters of the module DDP wraps: DDP must not average them. A shared one
+    under each of its names: DDP finds parameters module by module, so it would average one under a name left out."""
+    return [name for name, p in module.named_parameters(remove_duplicate=False) if sharding(p)]
 
 
 def finish_gradients(params: Iterable[nn.Parameter], world_size: int) -> None:

@@ -58,6 +58,10 @@ def test_parameter_counts_whole_tensors_and_refuses_uneven_splits():
     module.other = nn.Parameter(torch.zeros(3))
     assert module.table.shape == (6, 2) and model_parallel.parameter_count(module) == 24 + 3
     assert model_parallel.ddp_ignored(module) == ["table"] and model_parallel.collective_forward(module)
+    module.reader = nn.Module()
+    module.reader.table = module.table  # one table read by two layers (--share_memory): DDP must skip both names
+    assert model_parallel.ddp_ignored(module) == ["table", "reader.table"]
+    assert model_parallel.parameter_count(module) == 24 + 3
     with pytest.raises(ValueError, match="value width .5. must be a multiple of the 2 shards"):
         model_parallel.parameter((6, 5), fake_group(2, 0), 1, what="the value width")
 
