@@ -187,6 +187,32 @@ def test_backward_rolls_the_memory_back_step_by_step_then_redoes_the_writes(monk
 
 
 @pytest.mark.parametrize("kind", ["sam", "sdnc"])
+def test_a_backward_after_another_forward_changed_its_memory_is_refused(kind):
+    """Two forwards on one state, then the first one's backward: its rollback would revert its writes on top of
+    the second's, and its reads' backwards would see memories that never were. Refused with a clear error, the
+    memory left as the second forward left it; the second's backward still works (and leaves it so), the first's
+    stays refused. A forward without gradients (an evaluation) between a forward and its backward is refused
+    the same way: it changes the memory in place too."""
+    torch.manual_seed(0)
+    core = MemoryCore(MemoryConfig(kind=kind, hidden=8, heads=2, word_size=4, words=16, k=2), 3, 2)
+    first, state = core(torch.randn(2, 5, 3))
+    second, state = core(torch.randn(2, 4, 3), state)
+    after_second = state["memory"].clone()
+    with pytest.raises(RuntimeError, match="changed after this forward, before its backward"):
+        first.square().sum().backward(retain_graph=True)
+    assert torch.equal(state["memory"], after_second)
+    second.square().sum().backward()
+    assert torch.equal(state["memory"], after_second)
+    with pytest.raises(RuntimeError, match="changed after this forward, before its backward"):
+        first.square().sum().backward()
+    third, state = core(torch.randn(2, 3, 3), state)
+    with torch.no_grad():
+        core(torch.randn(2, 3, 3), state)
+    with pytest.raises(RuntimeError, match="changed after this forward, before its backward"):
+        third.square().sum().backward()
+
+
+@pytest.mark.parametrize("kind", ["sam", "sdnc"])
 def test_training_twice_from_the_same_memory_gives_the_same_gradients(kind):
     """The memory after a forward and backward is the forward's (redo), so a second forward over a copy of the
     state before it computes the same gradients: nothing of one backward leaks into the next."""
