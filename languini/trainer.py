@@ -476,6 +476,7 @@ class Trainer:
                 "schedulers": [s.state_dict() for s in self.schedulers],
                 "scaler": self.scaler.state_dict() if self.scaler else None,
                 "rng": checkpoint.rng_state(), "step": self.step, "states": states, "state_dtypes": state_dtypes,
+                "world_size": self.ddp.world_size,
                 "model_config": dataclasses.asdict(self.model_cfg), "total_steps": self.total_steps,
                 "stage_steps": self._stage_steps(),
                 "train_wall_seconds": self.train_seconds, "wall_seconds": dict(self.wall_seconds),
@@ -494,6 +495,12 @@ class Trainer:
                 or stage_steps != [list(s) for s in self._stage_steps()]):
             raise ValueError(f"The checkpoint in {self.run_dir} was trained with another model config or budget; "
                              "resume with the same flags or choose another --run_name.")
+        saved_on = ckpt.get("world_size")  # None: a checkpoint written before it was recorded
+        if self.stateful and saved_on is not None and saved_on != self.ddp.world_size:
+            raise checkpoint.CheckpointError(
+                f"The checkpoint in {self.run_dir} carries the recurrent states of the streams of {saved_on} "
+                f"process(es), not {self.ddp.world_size}: resume with as many processes as the run was started with, "
+                "or train it again with --overwrite true.")
         if not self.stateful:  # nothing carried: any number of processes may continue the run
             states = [None] * self.tcfg.micro_batches
         elif self.ddp.world_size > 1:  # every process carries the states of its own streams
