@@ -188,6 +188,8 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     # the run folder: a continued run keeps the plan it started with
     run_dir = Path(rcfg.out_dir) / (rcfg.run_name or default_run_name(project, config_name, dataset, tcfg, plan.steps)
                                     + (extension.run_tag if extension is not None else ""))
+    if ddp.main:
+        run_folder.lock(run_dir)
     resume = run_folder.start_or_continue(run_dir, rcfg.resume, rcfg.overwrite, say, ddp.main)
     if resume:
         plan = planning.resumed(plan, run_dir, say)
