@@ -143,7 +143,13 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
         trainer_cls: type[Trainer] = Trainer, extension: RunExtension | None = None) -> dict | None:
     """One run: settings, data, plan, run folder, trainer, training, evaluation, records (None: a dry run; the
     finished results otherwise). A run stopped before its last step (a signal, --stop_at_step) raises
-    StopRequested, which main() turns into the exit code EXIT_UNFINISHED."""
+    StopRequested, which main() turns into the exit code EXIT_UNFINISHED. The run folder is locked while it runs."""
+    with run_folder.locks_released_on_exit():
+        return _run(project, configs, model_cls, args, stop, trainer_cls, extension)
+
+
+def _run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSignals | None,
+         trainer_cls: type[Trainer], extension: RunExtension | None) -> dict | None:
     stop = stop or StopSignals()  # not installed: never stops
     stateful = model_contract.stateful(model_cls)  # a model that does not declare it fails before any work
     ddp = init_distributed()

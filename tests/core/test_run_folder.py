@@ -24,5 +24,15 @@ def test_a_folder_held_by_another_process_is_refused_until_that_process_ends(tmp
     finally:
         holder.kill()
         holder.wait()
-    run_folder.lock(run_dir)  # the lock went with its process
-    run_folder.lock(run_dir)  # and this process may ask again
+    with run_folder.locks_released_on_exit():
+        run_folder.lock(run_dir)  # the lock went with its process
+        run_folder.lock(run_dir)  # and this process may ask again
+
+
+def test_a_run_in_a_process_that_goes_on_releases_its_folder_when_it_ends(tmp_path):
+    run_dir = tmp_path / "runs" / "gpt_2m"
+    with run_folder.locks_released_on_exit():
+        run_folder.lock(run_dir)
+    probe = subprocess.run([sys.executable, "-c", HOLD.replace("time.sleep(60)", "pass"), str(run_dir)],
+                           capture_output=True, text=True, cwd=REPO)
+    assert probe.returncode == 0 and probe.stdout.strip() == "held", probe.stderr
