@@ -150,7 +150,13 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
         trainer_cls: type[Trainer] = Trainer, extension: RunExtension | None = None) -> dict | None:
     """One run: settings, data, plan, run folder, trainer, training, evaluation, records (None: a dry run; the
     finished results otherwise). A run stopped before its last step (a signal, --stop_at_step) raises
-    StopRequested, which main() turns into the exit code EXIT_UNFINISHED."""
+    StopRequested, which main() turns into the exit code EXIT_UNFINISHED. The run folder is locked while it runs."""
+    with run_folder.locks_released_on_exit():
+        return _run(project, configs, model_cls, args, stop, trainer_cls, extension)
+
+
+def _run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSignals | None,
+         trainer_cls: type[Trainer], extension: RunExtension | None) -> dict | None:
     stop = stop or StopSignals()  # not installed: never stops
     stateful = model_contract.stateful(model_cls)  # a model that does not declare it fails before any work
     ddp = init_distributed(RunConfig(**overrides(args, RunConfig)).dist_timeout_minutes)
@@ -196,6 +202,8 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     # the run folder: a continued run keeps the plan it started with
     run_dir = Path(rcfg.out_dir) / (rcfg.run_name or default_run_name(project, config_name, dataset, tcfg, plan.steps)
                                     + (extension.run_tag if extension is not None else ""))
+    if ddp.main:
+        run_folder.lock(run_dir)
     resume = run_folder.start_or_continue(run_dir, rcfg.resume, rcfg.overwrite, say, ddp.main)
     if resume:
         plan = planning.resumed(plan, run_dir, say)
