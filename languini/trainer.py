@@ -460,6 +460,8 @@ class Trainer:
             # after a fallback the unreadable latest is overwritten and the good previous one kept
             self.keep_previous_checkpoint = path.name == checkpoint.CHECKPOINT
             self.load_state_dict(ckpt)
+            if self.ddp.main:
+                print(f"Resuming from {path} at step {self.step:,} of {total_steps:,}.")
 
     # -- bookkeeping -------------------------------------------------------------------------------------
     def position(self, step: int) -> dict:
