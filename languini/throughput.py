@@ -291,6 +291,11 @@ def lookup(path: Path | str, model: ModelSpec, hardware: str, compiled: bool = F
         flags = ", ".join(f or "no flags" for f in other_flags)
         lines.append(f"The rows of '{model.config}' with other model flags ({flags}) are not used: they are of other "
                      "models, and a compute class buys tokens at the throughput of the model trained.")
+    other_hardware = sorted({f"{r.hardware} ({r.model_flags or 'no flags'})" for r in rows
+                             if r.config == model.config and not hardware_matches(r.hardware, hardware)
+                             and r.model_fingerprint != model.fingerprint})
+    if other_hardware:  # e.g. a GPU row measured only under --attention sdpa: the flags to plan with there
+        lines.append(f"Other hardware has rows of '{model.config}' with other model flags: {', '.join(other_hardware)}.")
     lines += [f"Measure it on the {hardware} with", f"    {measure_command(model, path, compiled)}"]
     baseline = _derive_baseline(model, hardware)
     if baseline is not None:

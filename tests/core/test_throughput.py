@@ -206,6 +206,17 @@ def test_compiled_rows_serve_compiled_runs_and_eager_rows_eager_runs(tmp_path):
     assert tp.lookup(unknown, GPT_SMALL, "RTX 3090", compiled=True) == tp.lookup(unknown, GPT_SMALL, "RTX 3090")
 
 
+def test_a_missing_row_names_the_rows_other_hardware_has_with_other_flags(tmp_path):
+    registry = tmp_path / "throughput.csv"
+    sdpa = tp.model_spec("gpt", "small", gpt_configs.get("small", attention="sdpa"))
+    tp.append_row(registry, make_row(hardware="NVIDIA H100 80GB HBM3", model_fingerprint=sdpa.fingerprint,
+                                     model_flags=sdpa.flags))
+    with pytest.raises(tp.ThroughputNotFoundError) as error:
+        tp.lookup(registry, GPT_SMALL, "RTX 3090")
+    assert ("Other hardware has rows of 'small' with other model flags: NVIDIA H100 80GB HBM3 (--attention sdpa)."
+            in str(error.value))
+
+
 def test_modified_config_without_its_row_is_refused_with_the_measure_command_and_its_flags():
     # The example: the cpu config made several times larger must not get the cpu config's throughput.
     larger = tp.model_spec("gpt", "cpu", gpt_configs.get("cpu", d_model=512, n_layers=8))
