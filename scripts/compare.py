@@ -212,6 +212,12 @@ class Forward:
             self.child.send_signal(signum)
 
 
+def seconds_left(remaining: float, expected: float, elapsed: float) -> float:
+    """The grid's expected time left: the runs after this one (remaining includes this run's expected seconds),
+    and what this one has left, none once it overruns."""
+    return remaining - expected + max(expected - elapsed, 0)
+
+
 def train_grid(runs: list[Run], plans: dict[str, dict], out: Path, common: list[str]) -> bool:
     """Each unfinished run in turn, its output in <out>/logs/<run>.log; one progress line for the grid. False when
     stopped by a signal (the run in flight keeps its checkpoint)."""
@@ -235,7 +241,7 @@ def train_grid(runs: list[Run], plans: dict[str, dict], out: Path, common: list[
                     now = time.monotonic()
                     if tty or now - shown >= 60:
                         shown = now
-                        left = max(remaining - (now - began), 0)
+                        left = seconds_left(remaining, expected, now - began)
                         line = (f"run {i} of {len(pending)}: {run.name}, {duration(now - began)} of ~"
                                 f"{duration(expected)}; grid {duration(now - start)} elapsed, ~{duration(left)} left")
                         print(f"\r{line:<110}" if tty else line, end="" if tty else "\n", flush=True)

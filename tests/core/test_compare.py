@@ -101,6 +101,12 @@ def write_runs(root, runs):
         (root / name / "results.json").write_text(json.dumps(content))
 
 
+def test_time_left_counts_the_runs_after_an_overrunning_one(compare):
+    # three runs of 100 s expected; the first is at 30 s, then at 250 s (overrunning): 270 s, then the other two
+    assert compare.seconds_left(300, 100, 30) == 270
+    assert compare.seconds_left(300, 100, 250) == 200
+
+
 def test_within_noise_unless_the_gap_passes_the_seed_spread(compare, tmp_path):
     # at 2m: gpt 4.0/4.2 (spread 0.2), qlstm 4.3/4.35 (gap 0.225 of means > 0.2): gpt leads; at 1m with one seed
     # each the spread measured at 2m is the band: gpt 5.0 and qlstm 5.1 are within noise
