@@ -202,7 +202,7 @@ def _run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopS
     # the run folder: a continued run keeps the plan it started with
     run_dir = Path(rcfg.out_dir) / (rcfg.run_name or default_run_name(project, config_name, dataset, tcfg, plan.steps)
                                     + (extension.run_tag if extension is not None else ""))
-    if ddp.main:
+    if ddp.main and run_dir.is_dir():  # held before anything in it is continued or cleared
         run_folder.lock(run_dir)
     resume = run_folder.start_or_continue(run_dir, rcfg.resume, rcfg.overwrite, say, ddp.main)
     if resume:
@@ -226,6 +226,7 @@ def _run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopS
                           decode=sp.decode, resume=resume, schedule=plan.schedule())
     if ddp.main:  # only now: a batch the data cannot fill fails above without leaving an empty run folder
         run_dir.mkdir(parents=True, exist_ok=True)
+        run_folder.lock(run_dir)
     extra = extension.record() if extension is not None else {}
     config = {"project": project, "config": config_name, "model": dataclasses.asdict(model_cfg),
               "train": run_record(tcfg, rcfg), "dataset_name": dataset.name,

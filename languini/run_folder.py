@@ -41,32 +41,48 @@ def run_files(run_dir: Path) -> list[Path]:
     return found + sorted(run_dir.glob("states_rank*.pt")) + sorted(run_dir.glob("*.tmp"))
 
 
+LOCK = ".lock"  # inside the run folder, held by the process training into it
 _held_locks = {}  # run folder -> its open lock file: closing the file releases the lock
 
 
 def lock(run_dir: Path) -> None:
-    """Hold the run folder for this process, or stop if another process holds it: two runs writing into one folder
-    would interleave their logs and overwrite each other's checkpoints. The lock file lies beside the folder (the
-    folder itself is made only once the run is known to start) and is released when the process ends, however,
-    or at the end of locks_released_on_exit."""
+    """Hold the (existing) run folder for this process, or stop if another process holds it: two runs writing into
+    one folder would interleave their logs and overwrite each other's checkpoints. Released by release(), or when
+    the process ends, however it ends."""
     key = Path(run_dir).resolve()
     if key in _held_locks:
         return
-    key.parent.mkdir(parents=True, exist_ok=True)
-    handle = open(key.parent / f".{key.name}.lock", "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "unknown"
+    path = key / LOCK
+    while True:
+        handle = open(path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise RuntimeError(f"{run_dir} is in use by another run (process {holder}); wait for it to end, or give "
+                               "this one another --run_name.") from None
+        try:  # the last holder removes the file on release: the lock counts only on the file that is there now
+            if os.fstat(handle.fileno()).st_ino == os.stat(path).st_ino:
+                break
+        except FileNotFoundError:
+            pass
         handle.close()
-        raise RuntimeError(f"{run_dir} is in use by another run (process {holder}); wait for it to end, or give "
-                           "this one another --run_name.") from None
     handle.seek(0)
     handle.truncate()
     handle.write(f"{os.getpid()}\n")
     handle.flush()
     _held_locks[key] = handle
+
+
+def release(run_dir: Path) -> None:
+    """Give the run folder up, leaving nothing of the lock in it."""
+    key = Path(run_dir).resolve()
+    handle = _held_locks.pop(key, None)
+    if handle is not None:
+        (key / LOCK).unlink(missing_ok=True)
+        handle.close()
 
 
 @contextlib.contextmanager
@@ -78,7 +94,7 @@ def locks_released_on_exit():
         yield
     finally:
         for key in set(_held_locks) - before:
-            _held_locks.pop(key).close()
+            release(key)
 
 
 def start_or_continue(run_dir: Path, resume: str | bool, overwrite: bool, say=print, main: bool = True) -> bool:

@@ -350,11 +350,13 @@ def cells(results: list[Result], mode: str, split: str, key: str = "normalised_p
 
 def noise(cell: Cell, all_cells: dict) -> tuple[float | None, str]:
     """The seeds' spread of an entry at a class, or where it has one seed, the largest spread it shows at another
-    class (said so); None with no second seed anywhere."""
+    class relative to its mean there, times its mean here (said so; relative, because perplexities at different
+    classes differ in scale, a diverged entry's by orders of magnitude); None with no second seed anywhere."""
     if cell.spread is not None:
         return cell.spread, "its seeds"
-    others = [c.spread for (entry, _), c in all_cells.items() if entry == cell.entry and c.spread is not None]
-    return (max(others), "its seeds at another class") if others else (None, "one seed")
+    others = [c.spread / c.mean for (entry, _), c in all_cells.items()
+              if entry == cell.entry and c.spread is not None and c.mean > 0]
+    return (max(others) * cell.mean, "its seeds at another class, relative") if others else (None, "one seed")
 
 
 def verdict(klass: str, all_cells: dict) -> str:
@@ -442,6 +444,10 @@ def leaderboard(results: list[Result], mode: str, out: Path, command: str) -> st
             f"{number(r['ood_french_ppl'])} | {number(r['test_ppl_chars'])} | {r['parameters'] or 0:,} | "
             f"{r['tokens'] or 0:,} | {r['tokens_per_second'] or 0:,.0f} ({r['throughput_source']}) | "
             f"{number(r['accelerator_hours'], 5)} |")
+    left_out = off_scale(test)
+    if left_out:
+        lines += ["", f"Left out of scale.png, fits.txt and curves.png: {', '.join(left_out)} (its mean at some class "
+                  f"is over {OFF_SCALE} times that class's median: training diverged)."]
     lines += ["", "## Who leads at each class", ""]
     lines += [f"- {verdict(k, test)}" for k in classes]
     bucket_fields = [k for k in fields if k.startswith("bucket_")]
@@ -457,11 +463,28 @@ def leaderboard(results: list[Result], mode: str, out: Path, command: str) -> st
     return text
 
 
+OFF_SCALE = 10  # an entry whose mean exceeds this many times its class's median has diverged: not plotted
+
+
+def off_scale(all_cells: dict) -> list[str]:
+    """Entries whose mean at some class is over OFF_SCALE times that class's median: a diverged run would squash
+    every other entry's points and fits into one line."""
+    medians = {k: statistics.median(c.mean for (_, kk), c in all_cells.items() if kk == k)
+               for (_, k) in all_cells}
+    return sorted({entry for (entry, k), c in all_cells.items() if c.mean > OFF_SCALE * medians[k]})
+
+
 def plots(results: list[Result], mode: str, out: Path) -> None:
-    """scale.png: each entry's seed mean per class and its fits; curves.png: seed 0 at the largest class."""
+    """scale.png: each entry's seed mean per class and its fits; curves.png: seed 0 at the largest class; entries
+    off the scale (off_scale) left out of both, and said so in the title."""
     scale_plot = load_scale_plot()
+    test = cells(results, mode, "test")
+    left_out = off_scale(test)
+    results = [r for r in results if r.entry not in left_out]
     points = []
-    for (entry, klass), cell in cells(results, mode, "test").items():
+    for (entry, klass), cell in test.items():
+        if entry in left_out:
+            continue
         mine = [r for r in results if r.entry == entry and r.compute_class == klass]
         point, _ = scale_plot.load_points([mine[0].folder], mode, "test")
         points.append(replace(point[0], project=entry, normalised_perplexity=cell.mean))
@@ -469,7 +492,9 @@ def plots(results: list[Result], mode: str, out: Path) -> None:
     dataset, _, hardware, evaluation = points[0].labels
     scale_plot.plot_scaling(points, fits, out / "scale.png",
                             f"the kitchen's comparison: normalised perplexity ({evaluation}; the mean over seeds)\n"
-                            f"dataset {dataset}, reference hardware {hardware}")
+                            f"dataset {dataset}, reference hardware {hardware}"
+                            + (f"\nleft out, over {OFF_SCALE}x a class's median: {', '.join(left_out)}"
+                               if left_out else ""))
     (out / "fits.txt").write_text(scale_plot.format_fits(fits) + "\n")
     largest = max({r.compute_class for r in results}, key=compute_class_seconds)
     curves = [r.folder for r in results if r.compute_class == largest and r.seed == 0
@@ -483,8 +508,11 @@ def write_outputs(results: list[Result], mode: str, out: Path, command: str) -> 
     out.mkdir(parents=True, exist_ok=True)
     print(leaderboard(results, mode, out, command))
     plots(results, mode, out)
+    took = sum((r.record.get("wall_seconds") or {}).get("total", 0) for r in results)
     (out / "commands.sh").write_text(
         "#!/usr/bin/env bash\n# Reproduces this folder (finished runs are skipped, interrupted ones continue).\n"
+        f"# Its {len(results)} runs took {duration(took)} of wall time in all (their results.json; start-up and "
+        "planning not counted); plans.csv has each run's expected time.\n"
         f"cd \"$(dirname \"$0\")\"/{os.path.relpath(ROOT, out)}\n{command}\n")
     print(f"wrote {out}/leaderboard.md, leaderboard.csv, scale.png, fits.txt, curves.png, commands.sh")
 

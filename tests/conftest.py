@@ -16,6 +16,10 @@ TEST_DEVICE = os.environ.get("LANGUINI_TEST_DEVICE", "cpu")
 if TEST_DEVICE == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
+# Under pytest-xdist (the README's `-n 2`) each worker has one core: one torch thread, inherited by its children.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 # Tests that run a Triton kernel on CPU tensors on purpose, so only under the interpreter.
 CPU_ONLY_TESTS = {

@@ -126,6 +126,33 @@ def test_within_noise_unless_the_gap_passes_the_seed_spread(compare, tmp_path):
     assert "within noise" in compare.verdict("2m", test)
 
 
+def test_a_spread_taken_from_another_class_is_relative_to_the_mean(compare, tmp_path):
+    # hebbian diverges: 2m seeds 400 and 600 (spread 200, 40% of the mean); at 1m, one seed, 100 against gpt's 5.0:
+    # its band is 40% of 100 = 40, so the gap of 95 is no tie (200 borrowed as it is would make it one)
+    write_runs(tmp_path, {
+        "gpt_2m_seed0": record("gpt", "2m", 0, 4.0, 0.03), "gpt_2m_seed1": record("gpt", "2m", 1, 4.2, 0.03),
+        "hebbian_2m_seed0": record("gpt", "2m", 0, 400.0, 0.03),
+        "hebbian_2m_seed1": record("gpt", "2m", 1, 600.0, 0.03),
+        "gpt_1m_seed0": record("gpt", "1m", 0, 5.0, 0.017), "hebbian_1m_seed0": record("gpt", "1m", 0, 100.0, 0.017),
+    })
+    test = compare.cells(compare.collect([tmp_path]), "fast", "test")
+    band, source = compare.noise(test[("hebbian", "1m")], test)
+    assert band == pytest.approx(40.0) and source == "its seeds at another class, relative"
+    assert "**gpt** leads" in compare.verdict("1m", test)
+
+
+def test_a_diverged_entry_is_left_out_of_the_plots_and_said_so(compare, tmp_path):
+    # medians: 1m 5.1 (5.0, 5.1, 60.0), 2m 4.3: hebbian's 60.0 is over 10 x 5.1, qlstm's 4.3 and gpt's are not
+    write_runs(tmp_path, {"gpt_1m_seed0": record("gpt", "1m", 0, 5.0, 0.017),
+                          "qlstm_1m_seed0": record("qlstm", "1m", 0, 5.1, 0.017),
+                          "hebbian_1m_seed0": record("gpt", "1m", 0, 60.0, 0.017),
+                          "gpt_2m_seed0": record("gpt", "2m", 0, 4.2, 0.03),
+                          "qlstm_2m_seed0": record("qlstm", "2m", 0, 4.3, 0.03),
+                          "hebbian_2m_seed0": record("gpt", "2m", 0, 30.0, 0.03)})
+    test = compare.cells(compare.collect([tmp_path]), "fast", "test")
+    assert compare.off_scale(test) == ["hebbian"]
+
+
 def test_one_seed_everywhere_names_no_winner(compare, tmp_path):
     write_runs(tmp_path, {"gpt_1m_seed0": record("gpt", "1m", 0, 5.0, 0.017),
                           "qlstm_1m_seed0": record("qlstm", "1m", 0, 6.0, 0.017)})

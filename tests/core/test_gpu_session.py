@@ -12,8 +12,9 @@ SESSION = ROOT / "scripts" / "gpu_session.sh"
 
 
 def session(*args, **env):
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])  # this python first
     return subprocess.run(["bash", str(SESSION), *args], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **env})
+                          env={**os.environ, "PATH": path, **env})
 
 
 def test_plan_fits_each_call_in_nine_minutes():
