@@ -10,9 +10,16 @@ processes) keeps them and their optimiser state in `checkpoint_shards/` (and `ch
 torch.distributed.checkpoint folder every process writes its part into; checkpoint.pt holds InShards(key) in their
 place. torch.distributed.checkpoint records each tensor's whole shape and every part's place in it, so the folder
 is read back under any layout: whole tensors on one process, other parts on more processes.
+
+Every file of a checkpoint has a sha256 checksum, verified before it is read: a file and its previous one share
+`<name>.sha256.json` beside them, and a shards folder holds `sha256.json` for the files in it. A file that is missing,
+truncated or changed makes its checkpoint unusable, and the previous one is used instead (files saved before
+checksums were are read unchecked).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
 import shutil
@@ -34,6 +41,7 @@ CHECKPOINT = "checkpoint.pt"
 PREVIOUS = "checkpoint_previous.pt"
 SHARDS = "checkpoint_shards"  # the model-parallel tensors, a torch.distributed.checkpoint folder
 SHARDS_STEP = "step"  # the file in a shards folder naming the step it was saved at
+SHARDS_CHECKSUMS = "sha256.json"  # the file in a shards folder with the sha256 of every other file in it
 
 
 class CheckpointError(RuntimeError):
@@ -67,12 +75,42 @@ def _write_flushed(path: Path, write: Callable) -> Path:
     return tmp
 
 
+def sha256_of(path: Path) -> str:
+    """The sha256 of a file, read in blocks (a checkpoint may not fit in memory twice)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def checksums_path(path: Path) -> Path:
+    """The checksums of a file and of its previous one: checkpoint.pt -> checkpoint.sha256.json."""
+    return path.with_name(f"{path.stem}.sha256.json")
+
+
+def _recorded(checksums: Path) -> dict | None:
+    """The checksums a file records ({} where there is no such file; None where it cannot be read)."""
+    if not checksums.exists():
+        return {}
+    try:
+        return json.loads(checksums.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _save_keeping_previous(state, path: Path, keep_previous: bool) -> Path:
     """Write `state` to path; the file it replaces becomes path's previous one unless keep_previous is False
     (after a fallback: the latest could not be read, and the previous one is the good one to keep)."""
     tmp = _write_flushed(path, lambda f: torch.save(state, f))
+    previous = previous_path(path)
+    recorded = _recorded(checksums_path(path)) or {}
+    kept = recorded.get(path.name) if keep_previous else recorded.get(previous.name)
+    # written before the renames, for both names: until they are done either name may hold either file
+    write_atomically(checksums_path(path), lambda f: f.write(json.dumps(
+        {path.name: sha256_of(tmp), previous.name: kept}).encode()))
     if keep_previous and path.exists():
-        os.replace(path, previous_path(path))
+        os.replace(path, previous)
     os.replace(tmp, path)
     fsync_dir(path.parent)
     return path
@@ -92,14 +130,37 @@ def _read(path: Path, device: torch.device):
     return torch.load(path, map_location=device, weights_only=False)
 
 
-def _problem(path: Path, device: torch.device):
-    """(checkpoint, None) or (None, why it cannot be used)."""
+def _checksum_problem(path: Path, checksums: Path) -> str | None:
+    """Why `path` is not a file `checksums` records (None: it is, or it was saved before checksums were)."""
+    recorded = _recorded(checksums)
+    if recorded is None:
+        return f"{checksums.name}, the checksums of {path.name}, cannot be read"
+    if recorded.get(path.name) is not None and sha256_of(path) not in recorded.values():
+        return f"{path.name} does not match its checksum in {checksums.name} (a corrupted or truncated file)"
+    return None
+
+
+def _problem(path: Path, device: torch.device, checksums: Path):
+    """(checkpoint, None) or (None, why it cannot be used); `checksums`: the file recording its sha256."""
     if not path.exists():
         return None, f"{path.name} is missing"
+    why_not = _checksum_problem(path, checksums)
+    if why_not is not None:
+        return None, why_not
     try:
         return _read(path, device), None
     except Exception as e:  # torch raises several types for truncated or foreign files
         return None, f"{path.name} cannot be read ({type(e).__name__}: {e})"
+
+
+def _usable(path: Path, run_dir: Path, device: torch.device):
+    """(checkpoint, None) or (None, why it cannot be used): the file itself, and its shards folder if it has one."""
+    ckpt, why_not = _problem(path, device, checksums_path(run_dir / CHECKPOINT))
+    if ckpt is None or next(_in_shards(ckpt), None) is None:
+        return ckpt, why_not
+    folder, found = _find_shards(run_dir, ckpt["step"])
+    why_not = _shards_problem(folder) if folder else f"no model-parallel tensors for step {ckpt['step']} ({found})"
+    return (None, why_not) if why_not else (ckpt, None)
 
 
 def load(run_dir: Path, device: torch.device, warn: Callable[[str], None] = print,
@@ -110,11 +171,11 @@ def load(run_dir: Path, device: torch.device, warn: Callable[[str], None] = prin
     what a tool reading a model-parallel run on one process needs); False leaves them for restore_shards.
     A checkpoint whose model config uses the memory layers' old names fails with a ValueError naming the new ones.
     """
-    latest, why_not_latest = _problem(run_dir / CHECKPOINT, device)
+    latest, why_not_latest = _usable(run_dir / CHECKPOINT, run_dir, device)
     if latest is not None:
         check_renamed(latest.get("model_config", {}))
         return (_merged(latest, run_dir, device) if merge_shards else latest), run_dir / CHECKPOINT
-    previous, why_not_previous = _problem(run_dir / PREVIOUS, device)
+    previous, why_not_previous = _usable(run_dir / PREVIOUS, run_dir, device)
     if previous is not None:
         check_renamed(previous.get("model_config", {}))
         warn(f"Warning: {why_not_latest}; continuing from the previous checkpoint {run_dir / PREVIOUS} "
@@ -169,7 +230,7 @@ def load_rank_states(run_dir: Path, rank: int, step: int, device: torch.device):
     path = run_dir / f"states_rank{rank}.pt"
     found = []
     for candidate in (path, previous_path(path)):
-        saved, why_not = _problem(candidate, device)
+        saved, why_not = _problem(candidate, device, checksums_path(path))
         if saved is not None and saved["step"] == step:
             return unpack_states(saved["states"], saved.get("state_dtypes"))
         found.append(why_not or f"{candidate.name} holds step {saved['step']}")
@@ -293,13 +354,17 @@ def save_shards(run_dir: Path, step: int, tensors: dict[str, torch.Tensor], keep
     import torch.distributed.checkpoint as dcp
 
     folder, tmp = run_dir / SHARDS, run_dir / f"{SHARDS}.tmp"
-    if main and tmp.exists():  # left by a crash
-        shutil.rmtree(tmp)
+    if main:
+        if tmp.exists():  # left by a crash
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        write_atomically(tmp / SHARDS_STEP, lambda f: f.write(str(step).encode()))
     if dist.is_initialized():
         dist.barrier()
     dcp.save(tensors, checkpoint_id=tmp)  # returns once the folder is complete (its metadata written)
+    checksums = _folder_checksums(tmp)
     if main:
-        write_atomically(tmp / SHARDS_STEP, lambda f: f.write(str(step).encode()))
+        write_atomically(tmp / SHARDS_CHECKSUMS, lambda f: f.write(json.dumps(checksums).encode()))
         previous = previous_path(folder)
         if folder.exists():
             if keep_previous:
@@ -314,8 +379,38 @@ def save_shards(run_dir: Path, step: int, tensors: dict[str, torch.Tensor], keep
     return folder
 
 
-def shards_folder(run_dir: Path, step: int) -> Path:
-    """The shards folder saved with the checkpoint of `step` (the latest or the previous one)."""
+def _folder_checksums(folder: Path) -> dict[str, str]:
+    """The sha256 of every file in a complete shards folder (its name inside it -> the hash), the files shared
+    among the processes (every process calls it) to hash them side by side."""
+    import torch.distributed as dist
+
+    names = sorted(str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file())
+    if not dist.is_initialized():
+        return {name: sha256_of(folder / name) for name in names}
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = {name: sha256_of(folder / name) for name in names[rank::world]}
+    every = [None] * world
+    dist.all_gather_object(every, mine)
+    return {name: digest for part in every for name, digest in part.items()}
+
+
+def _shards_problem(folder: Path) -> str | None:
+    """Why a shards folder is not the one saved (a file missing, truncated or changed; None: it is, or it was saved
+    before checksums were)."""
+    recorded = _recorded(folder / SHARDS_CHECKSUMS)
+    if recorded is None:
+        return f"{folder.name}/{SHARDS_CHECKSUMS}, the checksums of its files, cannot be read"
+    for name, digest in recorded.items():
+        if not (folder / name).is_file():
+            return f"{folder.name}/{name} is missing"
+        if sha256_of(folder / name) != digest:
+            return f"{folder.name}/{name} does not match its checksum (a corrupted or truncated file)"
+    return None
+
+
+def _find_shards(run_dir: Path, step: int) -> tuple[Path | None, str | None]:
+    """(the shards folder saved with the checkpoint of `step`, the latest or the previous one, None) or (None, what
+    the two folders hold instead)."""
     folder, found = run_dir / SHARDS, []
     for candidate in (folder, previous_path(folder)):
         try:
@@ -324,10 +419,18 @@ def shards_folder(run_dir: Path, step: int) -> Path:
             found.append(f"{candidate.name} is missing or unfinished")
             continue
         if saved == step:
-            return candidate
+            return candidate, None
         found.append(f"{candidate.name} holds step {saved}")
-    raise CheckpointError(f"No model-parallel tensors for step {step} in {run_dir} ({'; '.join(found)}): train the "
-                          "run again with --overwrite true.")
+    return None, "; ".join(found)
+
+
+def shards_folder(run_dir: Path, step: int) -> Path:
+    """The shards folder saved with the checkpoint of `step` (the latest or the previous one)."""
+    folder, why_not = _find_shards(run_dir, step)
+    if folder is None:
+        raise CheckpointError(f"No model-parallel tensors for step {step} in {run_dir} ({why_not}): train the run "
+                              "again with --overwrite true.")
+    return folder
 
 
 def _merged(ckpt: dict, run_dir: Path, device: torch.device) -> dict:

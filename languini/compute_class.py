@@ -27,6 +27,9 @@ _ACCEPTED_FORMS = (
 
 def compute_class_seconds(name: str) -> float:
     """Seconds of reference-hardware time in a compute class such as '6h', '15m', '90s' or '1.5h'."""
+    if isinstance(name, str) and name.strip().endswith("M"):
+        raise ValueError(f"compute class {name!r}: write minutes with a lower-case m ({name.strip()[:-1]}m); an "
+                         "upper-case M reads as million as easily as minutes")
     match = _DURATION.fullmatch(name.strip().lower()) if isinstance(name, str) else None
     if match is None:
         raise ValueError(f"compute class {name!r} not understood; write {_ACCEPTED_FORMS}")

@@ -6,9 +6,10 @@ slides' "Distillation"). The student trains for a compute class on the teacher's
 averaged over the target tokens (the slides mix 0.75 of the ground truth with 0.25 of the teacher's
 probabilities; the KL differs from that mixture's cross-entropy by the teacher's entropy, a constant, so the
 gradients are the same). The teacher runs in eval mode under no_grad, in the run's precision, its state carried
-per stream when it is stateful. Optionally the student starts from the teacher's weights wherever a name and a
-shape agree (for switch_gpt -> gpt: every weight but the experts and their routers, the slides' "non-expert
-weights").
+per stream when it is stateful, whole on every process of a multi-process run (also a teacher trained with its
+experts or memory split over processes). Optionally the student starts from the teacher's weights wherever a
+name and a shape agree (for switch_gpt -> gpt: every weight but the experts and their routers, the slides'
+"non-expert weights"; a student's split tensor takes its part of the teacher's).
 
 The teacher's forward costs accelerator time. Charged (the default), the class pays for it: with S the student's
 training throughput (its throughput row, as for any run) and F the teacher's forward throughput on the same
@@ -31,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from languini import aux_loss, checkpoint, model_contract, throughput
+from languini import aux_loss, checkpoint, model_contract, model_parallel, throughput
 from languini.compute_class import compute_class_seconds, training_steps
 from languini.plan import EVAL_SPEEDUP, Plan
 from languini.run_folder import RESULTS
@@ -55,20 +56,28 @@ def distillation_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, target
     return hard_weight * cross_entropy + soft_weight * kl_to_teacher(logits, teacher_logits)
 
 
+def _whole_shape(tensor: torch.Tensor) -> tuple[int, ...]:
+    """The shape of the whole tensor of which a student's tensor may hold this process's part (model_parallel)."""
+    s = model_parallel.sharding(tensor)
+    return s.full_shape if s else tuple(tensor.shape)
+
+
 def matching_weights(student: torch.nn.Module, teacher_state: dict) -> list[str]:
-    """The names of the student's state (parameters and persistent buffers) that the teacher's state_dict holds
-    with the same shape: what init_from_teacher copies."""
-    return [name for name, tensor in student.state_dict().items()
-            if name in teacher_state and teacher_state[name].shape == tensor.shape]
+    """The names of the student's state (parameters and persistent buffers) that the teacher's state_dict (whole
+    tensors) holds with the same shape, a split tensor's whole shape: what init_from_teacher copies."""
+    return [name for name, tensor in student.state_dict(keep_vars=True).items()  # keep_vars: the split is kept
+            if name in teacher_state and tuple(teacher_state[name].shape) == _whole_shape(tensor)]
 
 
 @torch.no_grad()
 def copy_matching_weights(student: torch.nn.Module, teacher_state: dict) -> list[str]:
-    """Copy the teacher's tensors into the student wherever a name and a shape agree; the names copied."""
+    """Copy the teacher's tensors into the student wherever a name and a shape agree, into a split tensor its
+    part; the names copied."""
     names = matching_weights(student, teacher_state)
     state = student.state_dict(keep_vars=True)
     for name in names:
-        state[name].copy_(teacher_state[name])
+        s = model_parallel.sharding(state[name])
+        state[name].copy_(model_parallel.local_part(teacher_state[name], s) if s else teacher_state[name])
     return names
 
 
@@ -129,7 +138,8 @@ class TeacherRun:
                    results["dataset_fingerprint"], results["train_config"], results.get("eval", {}))
 
     def state_dict(self) -> dict:
-        """The teacher's weights from its checkpoint (on the CPU), which must be of its last step."""
+        """The teacher's weights from its checkpoint (on the CPU, whole tensors: the parts of a split checkpoint
+        merged), which must be of its last step."""
         ckpt, _ = checkpoint.load(self.run_dir, torch.device("cpu"))
         if ckpt["step"] != self.steps:
             raise ValueError(f"The teacher's checkpoint in {self.run_dir} is of step {ckpt['step']}, its results of "
@@ -263,7 +273,10 @@ class DistillationTrainer(Trainer):
         d = distillation
         d.check_student(self.dataset, self.model_cfg)
         teacher_state = d.teacher.state_dict()
-        self.teacher = d.teacher_model_cls(d.teacher_cfg)
+        # whole on every process, as its checkpoint is read (a teacher trained split, --expert_parallel, included):
+        # its forward talks to no other process
+        with model_parallel.single_process():
+            self.teacher = d.teacher_model_cls(d.teacher_cfg)
         self.teacher.load_state_dict(teacher_state)
         self.teacher.to(self.device).eval().requires_grad_(False)
         matching = matching_weights(self.model, teacher_state)

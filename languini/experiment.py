@@ -38,8 +38,8 @@ from languini.flags import Parser, add_dataclass_flags, arg, overrides
 from languini.logs import RunLog
 from languini.plan import CPU_CONFIG, CPU_SUFFIX
 from languini.stop import EXIT_UNFINISHED, StopRequested, StopSignals
-from languini.trainer import (NonFiniteLoss, TrainConfig, Trainer, close_distributed, init_distributed,
-                              write_json)
+from languini.trainer import (DIST_TIMEOUT_MINUTES, NonFiniteLoss, TrainConfig, Trainer, check_same_flags,
+                              close_distributed, init_distributed, write_json)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,6 +68,13 @@ class RunConfig:
     dry_run: bool = arg(False, "print the training plan and exit (true/false)")
     plan_json: str | None = arg(None, "also write the plan (steps, tokens, parameters, expected wall time) to this "
                                       "JSON file, e.g. with --dry_run true for a tool that plans many runs")
+    dist_timeout_minutes: float = arg(DIST_TIMEOUT_MINUTES, "with several processes: how long one waits for the "
+                                                            "others (an evaluation, a checkpoint) before the run fails "
+                                                            "instead of hanging, in minutes")
+
+
+# this machine's copy of the data: the machines of one run may keep it under different paths
+PER_MACHINE_FLAGS = ("data_root", "tokenizer")
 
 
 class RunExtension(Protocol):
@@ -143,18 +150,25 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
         trainer_cls: type[Trainer] = Trainer, extension: RunExtension | None = None) -> dict | None:
     """One run: settings, data, plan, run folder, trainer, training, evaluation, records (None: a dry run; the
     finished results otherwise). A run stopped before its last step (a signal, --stop_at_step) raises
-    StopRequested, which main() turns into the exit code EXIT_UNFINISHED."""
+    StopRequested, which main() turns into the exit code EXIT_UNFINISHED. The run folder is locked while it runs."""
+    with run_folder.locks_released_on_exit():
+        return _run(project, configs, model_cls, args, stop, trainer_cls, extension)
+
+
+def _run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSignals | None,
+         trainer_cls: type[Trainer], extension: RunExtension | None) -> dict | None:
     stop = stop or StopSignals()  # not installed: never stops
     stateful = model_contract.stateful(model_cls)  # a model that does not declare it fails before any work
-    ddp = init_distributed()
+    ddp = init_distributed(RunConfig(**overrides(args, RunConfig)).dist_timeout_minutes)
     say = print if ddp.main else (lambda *a, **k: None)
     device = torch.device(f"cuda:{ddp.local_rank}" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
 
-    # the settings, each value checked before any work
+    # the settings, each value checked before any work, and the same on every process
     settings = read_settings(args, configs, device, say)
     config_name, tcfg, rcfg = settings.config_name, settings.tcfg, settings.rcfg
+    check_same_flags(resolved_flags(settings), ddp.world_size)
 
     # the data, which sets the model's vocab
     dataset, model_cfg = datasets.load_data(rcfg.data_root, settings.model_cfg, settings.vocab_given, say, ddp,
@@ -188,6 +202,8 @@ def run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopSi
     # the run folder: a continued run keeps the plan it started with
     run_dir = Path(rcfg.out_dir) / (rcfg.run_name or default_run_name(project, config_name, dataset, tcfg, plan.steps)
                                     + (extension.run_tag if extension is not None else ""))
+    if ddp.main:
+        run_folder.lock(run_dir)
     resume = run_folder.start_or_continue(run_dir, rcfg.resume, rcfg.overwrite, say, ddp.main)
     if resume:
         plan = planning.resumed(plan, run_dir, say)
@@ -261,6 +277,13 @@ class Settings:
     model_cfg: object
     vocab_given: bool  # --vocab_size: the data does not set the model's vocab
     cpu_path: bool
+
+
+def resolved_flags(settings: Settings) -> dict:
+    """Every setting of the run by its flag's name (the named config's values filled in), but PER_MACHINE_FLAGS."""
+    flags = {"config": settings.config_name, **dataclasses.asdict(settings.tcfg), **dataclasses.asdict(settings.rcfg),
+             **dataclasses.asdict(settings.model_cfg)}
+    return {name: value for name, value in flags.items() if name not in PER_MACHINE_FLAGS}
 
 
 def read_settings(args: argparse.Namespace, configs, device: torch.device, say) -> Settings:

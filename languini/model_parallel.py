@@ -14,7 +14,8 @@ What the trainer (languini/trainer.py) does with them:
 - gradient clipping uses the norm of the whole gradient over all processes (clip_grad_norm_);
 - checkpoints store them with torch.distributed.checkpoint (languini/checkpoint.py), so a run continues under
   another layout (2 processes to 1 or 4);
-- an evaluation runs as many forward passes on every process (lockstep), since their forward talks to the group.
+- an evaluation runs as many forward passes on every process (lockstep), since their forward talks to the group;
+  a process that has run out of batches reads padding.
 
 A config field that only sets a group size says how the model is laid out, not what it computes: a config
 dataclass names such fields in its LAYOUT_FIELDS (a ClassVar), which model fingerprints and checkpoint checks
@@ -32,6 +33,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from languini.books import PAD
 
 # The initialisation draws a tensor in blocks of whole rows of at most this many elements (1 GiB of fp32 at most
 # in flight), the same blocks on every layout, so every layout starts from the same numbers.
@@ -241,8 +244,9 @@ def gather_rows(x: torch.Tensor, shards: ShardGroup) -> tuple[torch.Tensor, list
 # -- what the trainer does ----------------------------------------------------------------------------
 
 def ddp_ignored(module: nn.Module) -> list[str]:
-    """Names of the model-parallel parameters of the module DDP wraps: DDP must not average them."""
-    return [name for name, p in module.named_parameters() if sharding(p)]
+    """Names of the model-parallel parameters of the module DDP wraps: DDP must not average them. A shared one
+    under each of its names: DDP finds parameters module by module, so it would average one under a name left out."""
+    return [name for name, p in module.named_parameters(remove_duplicate=False) if sharding(p)]
 
 
 def finish_gradients(params: Iterable[nn.Parameter], world_size: int) -> None:
@@ -285,20 +289,25 @@ def clip_grad_norm_(params: Iterable[torch.Tensor], max_norm: float) -> torch.Te
 
 def lockstep(batches: Iterable[tuple], model: nn.Module, device: torch.device) -> Iterator[tuple]:
     """The batches (x, y, mask) of this process and then, for a model whose forward talks to other processes,
-    empty batches until every process has run out: each process then runs as many forward passes."""
+    batches of padding (mask all False, nothing scored) until every process has run out: each process then runs
+    as many forward passes, and no batch is empty (a model need not accept one). The padding has the shape of
+    this process's last batch: the rows one process pads for streams that have ended, so what a model counts of
+    its inputs (memory statistics) sums to one process's; one position where this process had no batch."""
     if not (collective_forward(model) and dist.is_initialized()):
         yield from batches
         return
     batches = iter(batches)
+    last = (torch.full((1, 1), PAD), torch.full((1, 1), PAD), torch.zeros(1, 1, dtype=torch.bool))
     while True:
         batch = next(batches, None)
         left = torch.tensor(batch is not None, dtype=torch.int32, device=device)
         dist.all_reduce(left, op=dist.ReduceOp.MAX)
         if not left:
             return
-        if batch is None:  # no stream, one position: a forward of no tokens that still joins the group's talk
-            batch = (torch.zeros(0, 1, dtype=torch.long), torch.zeros(0, 1, dtype=torch.long),
-                     torch.zeros(0, 1, dtype=torch.bool))
+        if batch is None:
+            x, y, mask = last
+            batch = (torch.full_like(x, PAD), torch.full_like(y, PAD), torch.zeros_like(mask))
+        last = batch
         yield batch
 
 

@@ -6,7 +6,10 @@ replaced with --overwrite true.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import shlex
 import shutil
 from pathlib import Path
@@ -36,6 +39,46 @@ def run_files(run_dir: Path) -> list[Path]:
              checkpoint.previous_path(Path(checkpoint.SHARDS)).name, "tensorboard"]
     found = [run_dir / n for n in names if (run_dir / n).exists()]
     return found + sorted(run_dir.glob("states_rank*.pt")) + sorted(run_dir.glob("*.tmp"))
+
+
+_held_locks = {}  # run folder -> its open lock file: closing the file releases the lock
+
+
+def lock(run_dir: Path) -> None:
+    """Hold the run folder for this process, or stop if another process holds it: two runs writing into one folder
+    would interleave their logs and overwrite each other's checkpoints. The lock file lies beside the folder (the
+    folder itself is made only once the run is known to start) and is released when the process ends, however,
+    or at the end of locks_released_on_exit."""
+    key = Path(run_dir).resolve()
+    if key in _held_locks:
+        return
+    key.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(key.parent / f".{key.name}.lock", "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise RuntimeError(f"{run_dir} is in use by another run (process {holder}); wait for it to end, or give "
+                           "this one another --run_name.") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    _held_locks[key] = handle
+
+
+@contextlib.contextmanager
+def locks_released_on_exit():
+    """Release the locks taken inside (a run in a process that goes on, e.g. a test, then another that continues
+    the run in a child process)."""
+    before = set(_held_locks)
+    try:
+        yield
+    finally:
+        for key in set(_held_locks) - before:
+            _held_locks.pop(key).close()
 
 
 def start_or_continue(run_dir: Path, resume: str | bool, overwrite: bool, say=print, main: bool = True) -> bool:

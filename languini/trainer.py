@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
+import hashlib
 import json
 import math
 import os
@@ -333,16 +335,42 @@ class Dist:
         return self.rank == 0
 
 
-def init_distributed() -> Dist:
+DIST_TIMEOUT_MINUTES = 30.0  # a process waits this long for the others (a slow evaluation, a checkpoint)
+
+
+def init_distributed(timeout_minutes: float = DIST_TIMEOUT_MINUTES) -> Dist:
     """torchrun sets WORLD_SIZE/RANK/LOCAL_RANK; DDP then synchronises the gradients of the copied parameters
-    (languini/model_parallel.py those of the model-parallel ones)."""
+    (languini/model_parallel.py those of the model-parallel ones). A collective that waits longer than
+    timeout_minutes for another process fails the run instead of hanging it."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return Dist()
+    if not timeout_minutes > 0:
+        raise ValueError(f"--dist_timeout_minutes must be positive, got {timeout_minutes}.")
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes))
     return Dist(dist.get_rank(), world, int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def check_same_flags(flags: dict, world_size: int) -> None:
+    """Every process of a run must be given the same flags (resolved: `flags`, name -> value), or they train apart
+    or wait for each other forever. Each process compares a hash of its flags with the others'; where any differ,
+    every process fails with the same ValueError naming the flags and each process's value."""
+    if world_size == 1:
+        return
+    digest = hashlib.sha256(json.dumps(flags, sort_keys=True, default=repr).encode()).hexdigest()
+    digests = [None] * world_size
+    dist.all_gather_object(digests, digest)
+    if len(set(digests)) == 1:
+        return
+    every = [None] * world_size
+    dist.all_gather_object(every, flags)
+    differing = sorted(name for name in set().union(*every) if len({repr(f.get(name)) for f in every}) > 1)
+    described = "; ".join(f"--{name} (" + ", ".join(f"process {r}: {f.get(name)}" for r, f in enumerate(every)) + ")"
+                          for name in differing)
+    raise ValueError(f"The processes of this run were given different flags: {described}. Start every process "
+                     "with the same command.")
 
 
 def close_distributed(ddp: Dist) -> None:
@@ -432,6 +460,8 @@ class Trainer:
             # after a fallback the unreadable latest is overwritten and the good previous one kept
             self.keep_previous_checkpoint = path.name == checkpoint.CHECKPOINT
             self.load_state_dict(ckpt)
+            if self.ddp.main:
+                print(f"Resuming from {path} at step {self.step:,} of {total_steps:,}.")
 
     # -- bookkeeping -------------------------------------------------------------------------------------
     def position(self, step: int) -> dict:
@@ -448,6 +478,7 @@ class Trainer:
                 "schedulers": [s.state_dict() for s in self.schedulers],
                 "scaler": self.scaler.state_dict() if self.scaler else None,
                 "rng": checkpoint.rng_state(), "step": self.step, "states": states, "state_dtypes": state_dtypes,
+                "world_size": self.ddp.world_size,
                 "model_config": dataclasses.asdict(self.model_cfg), "total_steps": self.total_steps,
                 "stage_steps": self._stage_steps(),
                 "train_wall_seconds": self.train_seconds, "wall_seconds": dict(self.wall_seconds),
@@ -466,6 +497,12 @@ class Trainer:
                 or stage_steps != [list(s) for s in self._stage_steps()]):
             raise ValueError(f"The checkpoint in {self.run_dir} was trained with another model config or budget; "
                              "resume with the same flags or choose another --run_name.")
+        saved_on = ckpt.get("world_size")  # None: a checkpoint written before it was recorded
+        if self.stateful and saved_on is not None and saved_on != self.ddp.world_size:
+            raise checkpoint.CheckpointError(
+                f"The checkpoint in {self.run_dir} carries the recurrent states of the streams of {saved_on} "
+                f"process(es), not {self.ddp.world_size}: resume with as many processes as the run was started with, "
+                "or train it again with --overwrite true.")
         if not self.stateful:  # nothing carried: any number of processes may continue the run
             states = [None] * self.tcfg.micro_batches
         elif self.ddp.world_size > 1:  # every process carries the states of its own streams

@@ -48,6 +48,7 @@ import torch  # noqa: E402
 from languini import throughput  # noqa: E402
 from languini.compute_class import compute_class_seconds  # noqa: E402
 from languini.experiment import child_python_path  # noqa: E402
+from languini.flags import Parser  # noqa: E402
 from languini.stop import EXIT_UNFINISHED  # noqa: E402
 
 PROJECTS = ROOT / "projects"
@@ -489,7 +490,7 @@ def default_out(local_hardware: str) -> Path:
 
 def parse_args(argv=None) -> argparse.Namespace:
     on_gpu = torch.cuda.is_available()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     variants = GPU_VARIANTS if on_gpu else CPU_VARIANTS
     parser.add_argument("--entries", nargs="+", default=[*LANGUAGE_MODELS, *variants],
                         help="projects, or variants 'name=project --flag value' (default: every language model "

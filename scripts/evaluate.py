@@ -1,15 +1,16 @@
 """Evaluate a run's checkpoint as the final evaluation of train.py does, into the run's results.json.
 
     python scripts/evaluate.py runs/gpt_small_books_16384-1a2b3c4d_6h_bs128_seed0     # every held-out split
-    python scripts/evaluate.py runs/gpt_small_books_16384-1a2b3c4d_6h_bs128_seed0 --split test java --mode slow \
+    python scripts/evaluate.py runs/gpt_small_books_16384-1a2b3c4d_6h_bs128_seed0 --split test ood_holmes --mode slow \
         --last_n 64
     torchrun --standalone --nproc_per_node 4 scripts/evaluate.py RUN_DIR                # shared by 4 GPUs
 
 The model is rebuilt from the run's config.json (written when training starts; a results.json serves too)
 and the weights of its checkpoint.pt (RUN_DIR is runs/<project>_<config>_<dataset>-<fingerprint>_<class>_bs<batch>
 _seed<seed>, as train.py names it, or its --run_name), and the data is found as in training (--data_root, --tokenizer to
-look elsewhere). Each split and mode evaluated replaces its entry in results.json (created if the run has
-none yet), with the fields training writes: normalised perplexity per byte and per character, top-1 and
+look elsewhere). Each split and mode evaluated replaces its entry in results.json's eval (created if the run has
+none yet; the entry it replaces is kept in replaced_eval, and eval_by names what wrote each entry that train.py
+did not), with the fields training writes: normalised perplexity per byte and per character, top-1 and
 top-10 accuracy, tokens, bytes and characters scored, loss and perplexity by training frequency, and for the
 slow eval its protocol. --eval_cache_size N adds the slow eval with a neural cache (mode slow_cache) beside the
 plain one, from the same forward passes: sweep its --eval_cache_theta and --eval_cache_lambda on a validation
@@ -17,6 +18,7 @@ split, as the thesis does (Appendix B.2).
 """
 import argparse
 import dataclasses
+import datetime
 import importlib
 import json
 import sys
@@ -147,8 +149,15 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     if not results:
         results = {"project": run["project"], "config": run["config"], "model_config": ckpt["model_config"],
                    "train_config": experiment.run_record(tcfg, rcfg), "steps": ckpt["step"]}
+    evaluated_by = f"scripts/evaluate.py, {datetime.datetime.now().isoformat(timespec='seconds')}"
     for mode, rows in evals["eval"].items():
-        results.setdefault("eval", {}).setdefault(mode, {}).update(rows)
+        for split, row in rows.items():
+            earlier = results.get("eval", {}).get(mode, {}).get(split)
+            if earlier is not None:  # kept: the training's own numbers are never lost silently
+                results.setdefault("replaced_eval", {}).setdefault(mode, {}).setdefault(split, []).append(earlier)
+                say(f"{mode} {split}: replaces the earlier evaluation, kept in {out.name}'s replaced_eval")
+            results.setdefault("eval", {}).setdefault(mode, {})[split] = row
+            results.setdefault("eval_by", {}).setdefault(mode, {})[split] = evaluated_by
     if "memory_stats" in evals:
         results.setdefault("memory_stats", {}).update(evals["memory_stats"])
     write_json(out, results)

@@ -1,6 +1,6 @@
 """The GPT of projects/gpt/model.py, copied (projects never import each other; tests/feedback/test_bench.py checks
 the copy against the original), with token-by-token generation from a key/value cache: the baseline of
-bench_speed.py and toy_task.py at the Feedback Transformer's width, depth and segment length."""
+bench_speed.py and toy_tasks.py at the Feedback Transformer's width, depth and segment length."""
 import math
 from dataclasses import dataclass
 
@@ -19,12 +19,13 @@ class GPTConfig:
     d_head: int = 64
     mlp_ratio: int = 4
     attention: str = "math"  # math: the official code's explicit masked softmax; sdpa: F.scaled_dot_product_attention
+    window: int | None = None  # attend over the last `window` positions only (the Feedback Transformer's tau)
 
 
 class Attention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.n_heads, self.d_head, self.impl = cfg.n_heads, cfg.d_head, cfg.attention
+        self.n_heads, self.d_head, self.impl, self.window = cfg.n_heads, cfg.d_head, cfg.attention, cfg.window
         inner = cfg.n_heads * cfg.d_head
         self.qkv = nn.Linear(cfg.d_model, 3 * inner)
         self.proj = nn.Linear(inner, cfg.d_model)
@@ -32,12 +33,15 @@ class Attention(nn.Module):
     def forward(self, x):
         B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
+        hidden = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)  # the future
+        if self.window is not None:  # and what lies `window` or more positions back
+            hidden |= torch.ones_like(hidden).tril(-self.window)
         if self.impl == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = (F.scaled_dot_product_attention(q, k, v, is_causal=True) if self.window is None
+                 else F.scaled_dot_product_attention(q, k, v, attn_mask=~hidden))
         else:
             scores = torch.einsum("bhid,bhjd->bhij", q, k) * self.d_head ** -0.5
-            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-            y = torch.einsum("bhij,bhjd->bhid", F.softmax(scores.masked_fill(future, float("-inf")), dim=-1), v)
+            y = torch.einsum("bhij,bhjd->bhid", F.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1), v)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -115,7 +119,8 @@ class CachedDecoder:
             q, k, v = block.attn.qkv(block.ln1(h)).view(B, 3, cfg.n_heads, cfg.d_head).unbind(1)
             self.cache[layer, 0, :, :, t] = k
             self.cache[layer, 1, :, :, t] = v
-            keys, values = self.cache[layer, 0, :, :, :t + 1], self.cache[layer, 1, :, :, :t + 1]
+            first = 0 if cfg.window is None else max(0, t + 1 - cfg.window)
+            keys, values = self.cache[layer, 0, :, :, first:t + 1], self.cache[layer, 1, :, :, first:t + 1]
             y = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values).squeeze(2)
             h = h + block.attn.proj(y.reshape(B, -1))
             h = h + block.mlp(block.ln2(h))

@@ -184,7 +184,8 @@ class Decoder:
         cfg = model.cfg
         device = model.pos.device
         self.model, self.steps = model, 0
-        mem = model.empty_state(batch, device) if state is None else state.to(model.kv.weight.dtype)
+        # the ring in the weights' dtype, given or empty (empty_state is fp32 whatever the weights)
+        mem = (model.empty_state(batch, device) if state is None else state).to(model.kv.weight.dtype)
         if mem.shape != (batch, cfg.mem_len, cfg.d_model):
             raise ValueError(f"state must be (batch, mem_len, d_model) = {(batch, cfg.mem_len, cfg.d_model)}, "
                              f"got {tuple(mem.shape)}")

@@ -238,9 +238,8 @@ class MemoryCore(nn.Module):
                                modes[..., 2:] * backward_weights], -1)
             read_words, read_weights = select_read(candidates, mixed, K, N)
             read, tape.token = ReadWords.apply(tape.token, read_weights, tape, read_words + offsets)
-        accessed = [w + r for w, r in zip(usage.accessed_words(written, coeffs, cfg.delta),
-                                          usage.accessed_words(read_words, read_weights, cfg.delta))]
-        ring.touch(accessed)
+        ring.touch(usage.accessed_words(torch.cat([written.flatten(1), read_words.flatten(1)], 1),
+                                        torch.cat([coeffs.flatten(1), read_weights.flatten(1)], 1), cfg.delta))
         clock = state["clock"][:, None]
         state["written_at"].scatter_reduce_(1, written.flatten(1), torch.where(coeffs.flatten(1) > cfg.delta, clock, -1),
                                             reduce="amax")

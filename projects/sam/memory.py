@@ -71,7 +71,12 @@ class GradientBuffers:
 
 class Tape:
     """One forward's record for its backward: the memory (as (B * N, W) rows), the writes to redo at the end and
-    the rows of dL/dM to zero again. `recording` is False without autograd (evaluation): nothing is kept."""
+    the rows of dL/dM to zero again. `recording` is False without autograd (evaluation): nothing is kept.
+
+    The backward reverts this forward's writes on the memory as it finds it, so that must be the memory this
+    forward left: the memory's version counter (which every in-place change raises) is recorded after each of the
+    forward's writes and checked when the backward starts; a backward after another forward changed the memory is
+    refused (before it changes anything)."""
 
     def __init__(self, memory: torch.Tensor, buffers: GradientBuffers, recording: bool):
         self.memory = memory.view(-1, memory.shape[-1])
@@ -80,6 +85,21 @@ class Tape:
         self.writes = []  # (flat row indices, rows after the write), in forward order
         self.touched = []  # flat row indices of every read and write
         self.token = torch.zeros((), device=memory.device)
+        self.version = self.memory._version  # the memory's version counter as this forward (or backward) left it
+        self.in_backward = False
+
+    def begin_backward(self) -> None:
+        """Every step's backward calls it; the first to run (the last step's) checks the memory's version."""
+        if self.in_backward:
+            return
+        if self.memory._version != self.version:
+            raise RuntimeError(
+                "SAM's memory was changed after this forward, before its backward (by another forward on the same "
+                "state, with or without gradients). The backward reverts this forward's writes on the memory in "
+                "place (memory.py), so it must run before the next forward changes that memory: call backward "
+                "after each forward, or give the other forward a copy of the state "
+                "({k: v.clone() for k, v in state.items()}).")
+        self.in_backward = True
 
     @property
     def grad(self) -> torch.Tensor:
@@ -95,6 +115,7 @@ class Tape:
             self.memory.index_copy_(0, rows, new)
         if self.touched:
             self.grad.index_fill_(0, torch.cat(self.touched), 0.0)
+        self.version, self.in_backward = self.memory._version, False  # M_T again: a retained graph's next backward
 
 
 class SparseWrite(torch.autograd.Function):
@@ -108,6 +129,7 @@ class SparseWrite(torch.autograd.Function):
         old = tape.memory.index_select(0, flat) if tape.recording else None
         tape.memory.index_fill_(0, erase, 0.0)
         tape.memory.index_add_(0, flat, (coeffs[..., None] * words[:, :, None, :]).reshape(-1, words.shape[-1]))
+        tape.version = tape.memory._version
         if tape.recording:
             tape.writes.append((flat, tape.memory.index_select(0, flat)))
             tape.touched.append(flat)
@@ -119,6 +141,7 @@ class SparseWrite(torch.autograd.Function):
     def backward(ctx, _):
         coeffs, words = ctx.saved_tensors
         tape = ctx.tape
+        tape.begin_backward()
         grad = tape.grad.index_select(0, ctx.flat).view(*coeffs.shape, -1)  # dL/dM_t at the written rows
         d_coeffs = (grad * words[:, :, None, :]).sum(-1)
         d_words = (grad * coeffs[..., None]).sum(2)
@@ -146,6 +169,7 @@ class ContentWeights(torch.autograd.Function):
     def backward(ctx, d_weights, _):
         query, strength = ctx.saved_tensors
         tape, rows = ctx.tape, ctx.rows
+        tape.begin_backward()
         words = tape.memory.index_select(0, rows.reshape(-1)).view(*rows.shape, -1)
         d_query, d_strength, d_words = _content_backward(d_weights, query, strength, words)
         tape.grad.index_add_(0, rows.reshape(-1), d_words.reshape(-1, d_words.shape[-1]))
@@ -171,6 +195,7 @@ class SparseRead(torch.autograd.Function):
     def backward(ctx, d_read, d_weights, _):
         query, strength = ctx.saved_tensors
         tape, rows = ctx.tape, ctx.rows
+        tape.begin_backward()
         words = tape.memory.index_select(0, rows.reshape(-1)).view(*rows.shape, -1)
         weights = content_weights(query, strength, words)
         d_query, d_strength, d_words = _content_backward(d_weights + (words * d_read[:, :, None, :]).sum(-1),
@@ -196,6 +221,7 @@ class ReadWords(torch.autograd.Function):
     def backward(ctx, d_read, _):
         (weights,) = ctx.saved_tensors
         tape, rows = ctx.tape, ctx.rows
+        tape.begin_backward()
         words = tape.memory.index_select(0, rows.reshape(-1)).view(*rows.shape, -1)
         d_weights = (words * d_read[:, :, None, :]).sum(-1)
         d_words = weights[..., None] * d_read[:, :, None, :]

@@ -6,8 +6,8 @@ against hand-worked examples); a generator draws the content at random.
 
 - copy: a sequence of `length` random vectors of `bits` bits (length 1-20 in 3.4.2), then a delimiter; the model
   outputs the sequence while it reads blanks. Channels: the bits and the delimiter.
-- associative recall: `pairs` random (key, value) pairs (3-6), each key and value a vector of `bits`, shown as a
-  key step (key flag on) and a value step; then a query step (query flag on) with one of the keys; then one blank
+- associative recall: `pairs` random (key, value) pairs (3-6), each key and value a vector of `bits`, the keys of
+  an episode distinct (so that the query has one answer), shown as a key step (key flag on) and a value step; then a query step (query flag on) with one of the keys; then one blank
   step at which the model outputs that key's value. Channels: the bits, the key flag, the query flag.
 - priority sort: `items` random vectors (20) each with a priority drawn uniformly from [-1, 1] on its own channel,
   then a delimiter; the model outputs the `outputs` (16) vectors of highest priority, highest first, while it reads
@@ -98,8 +98,16 @@ def episode(task: str, batch: int, level: int, generator: torch.Generator, bits:
     if task == "copy":
         return copy_episode(random_bits(batch, level, bits))
     if task == "recall":
+        if level > 2 ** bits:
+            raise ValueError(f"{level} pairs need distinct keys: at most 2^{bits} = {2 ** bits}")
+        keys = random_bits(batch, level, bits)
+        while True:  # redraw the episodes with a repeated key: the answer to its query would be ambiguous
+            repeated = (keys[:, :, None] == keys[:, None]).all(-1).triu(1).any(-1).any(-1)
+            if not repeated.any():
+                break
+            keys[repeated] = random_bits(int(repeated.sum()), level, bits)
         query = torch.randint(level, (batch,), generator=generator)
-        return recall_episode(random_bits(batch, level, bits), random_bits(batch, level, bits), query)
+        return recall_episode(keys, random_bits(batch, level, bits), query)
     if task == "sort":
         priorities = torch.rand(batch, level, generator=generator) * 2 - 1
         return sort_episode(random_bits(batch, level, bits), priorities, max(1, round(0.8 * level)))
@@ -119,9 +127,11 @@ def errors_per_sequence(logits: torch.Tensor, targets: torch.Tensor, mask: torch
 
 
 class Curriculum:
-    """3.4.3: the level of each minibatch is drawn uniformly from [low, h]; h doubles (up to `high`) once the mean
-    training cost per sequence of the last `window` minibatches is below `threshold`. Without a curriculum
-    (`enabled` False) levels are drawn from the thesis's whole range [low, high]."""
+    """3.4.3: the level of each minibatch is drawn uniformly from [1, h], the thesis's U(0, h) without level 0 (an
+    episode with nothing to score: no vector to copy, no pair to ask for, nothing to sort); h starts at `start`
+    (default max(low, 2)) and doubles (up to `high`) once the mean training cost per sequence of the last `window`
+    minibatches is below `threshold`. Without a curriculum (`enabled` False) levels are drawn from the task's
+    range [low, high] (3.4.2)."""
 
     def __init__(self, low: int, high: int, threshold: float, window: int = 50, enabled: bool = True,
                  start: int | None = None):
@@ -130,7 +140,7 @@ class Curriculum:
         self.recent = []
 
     def level(self, generator: torch.Generator) -> int:
-        return int(torch.randint(self.low, self.h + 1, (1,), generator=generator))
+        return int(torch.randint(1 if self.enabled else self.low, self.h + 1, (1,), generator=generator))
 
     def record(self, cost: float) -> bool:
         """Record a minibatch's cost; True when the level's bound h doubled."""

@@ -31,11 +31,11 @@ OPTIMIZERS = ("rmsprop", "adam")
 def train(task: str, kind: str, cpu_seconds: float, seed: int = 0, batch: int = 8, lr: float = 1e-3,
           optimizer: str = "rmsprop", curriculum: bool = False, threshold: float | None = None, log_every: int = 25,
           eval_batches: int = 20, bits: int = 8, clip: float = 10.0, max_batches: int | None = None,
-          wall_seconds: float | None = None, min_level: int | None = None, say=None, **memory) -> dict:
+          wall_seconds: float | None = None, start_level: int | None = None, say=None, **memory) -> dict:
     """Train one model for cpu_seconds of CPU time (or max_batches, or wall_seconds of wall time, whichever ends
     first); returns its curve ([cpu seconds, sequences, level bound, cost per sequence]) and the final
-    evaluation. min_level: the smallest episode size trained on (default the task's, e.g. 3 pairs for recall);
-    the curriculum starts there. say(text): where the curve's points go as they come."""
+    evaluation. start_level: the curriculum's first bound h, levels drawn from [1, h] (default the task's
+    smallest size, e.g. 3 pairs for recall). say(text): where the curve's points go as they come."""
     torch.manual_seed(seed)
     task_spec = tasks.spec(task, bits)
     cfg = replace(MemoryConfig(), kind=kind, **memory)
@@ -46,13 +46,15 @@ def train(task: str, kind: str, cpu_seconds: float, seed: int = 0, batch: int = 
                  else torch.optim.Adam(model.parameters(), lr=lr))
     generator = torch.Generator().manual_seed(seed + 1)
     low, high = task_spec.levels
-    low = low if min_level is None else min_level
-    if not 1 <= low <= high:
-        raise ValueError(f"min_level must be in [1, {high}], not {min_level}")
-    # the curriculum's threshold: a cost per sequence of about a quarter of a bit per scored vector of the easiest
-    # level, unless given
-    schedule = tasks.Curriculum(low, high, threshold or 0.25 * bits * (low if task == "copy" else 1),
-                                enabled=curriculum, start=low)
+    if start_level is not None and not curriculum:
+        raise ValueError("start_level is the curriculum's first bound; without it levels span the task's range")
+    first = low if start_level is None else start_level
+    if not 1 <= first <= high:
+        raise ValueError(f"start_level must be in [1, {high}], not {start_level}")
+    # the curriculum's threshold: a cost per sequence of about a quarter of a bit per scored vector of the first
+    # bound, unless given
+    schedule = tasks.Curriculum(low, high, threshold or 0.25 * bits * (first if task == "copy" else 1),
+                                enabled=curriculum, start=first)
     curve, recent, sequences, batches = [], [], 0, 0
     start, wall_start = time.process_time(), time.perf_counter()
     while (time.process_time() - start < cpu_seconds and (max_batches is None or batches < max_batches)
@@ -74,7 +76,7 @@ def train(task: str, kind: str, cpu_seconds: float, seed: int = 0, batch: int = 
                 say(f"  {curve[-1][0]:7.1f} cpu s  {sequences:7d} sequences  level <= {schedule.h:3d}  "
                     f"cost/sequence {curve[-1][3]:8.3f} bits")
     return {"task": task, "kind": kind, "optimizer": type(optimizer).__name__, "lr": lr, "curriculum": curriculum,
-            "min_level": low, "initial_strength": cfg.initial_strength,
+            "start_level": first if curriculum else None, "initial_strength": cfg.initial_strength,
             "cpu_seconds": round(time.process_time() - start, 1), "sequences": sequences,
             "level": schedule.h, "curve": curve, **evaluate(model, task, batch, eval_batches, seed + 2, bits)}
 
@@ -104,9 +106,9 @@ def main(argv=None):
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="rmsprop")
     parser.add_argument("--wall_seconds", type=float, default=None, help="also stop each model after this wall time")
     parser.add_argument("--curriculum", type=lambda v: v.lower() in ("1", "true", "yes"), default=False)
-    parser.add_argument("--min_level", type=int, default=None,
-                        help="smallest episode size trained on, where the curriculum starts (default the task's: "
-                             "copy 1, recall 3 pairs, sort 20); evaluation is over the task's whole range")
+    parser.add_argument("--start_level", type=int, default=None,
+                        help="the curriculum's first bound h, levels drawn from [1, h] (default the task's smallest "
+                             "size: copy 1, recall 3 pairs, sort 20); evaluation is over the task's whole range")
     parser.add_argument("--initial_strength", type=float, default=None,
                         help="every head's read strength beta at initialisation (default: about 1.7, the "
                              "interface's random bias)")
@@ -128,7 +130,7 @@ def main(argv=None):
         print(f"training {kind} on {args.task} for {args.cpu_seconds:.0f} CPU seconds...", flush=True)
         result = train(args.task, kind, args.cpu_seconds, seed=args.seed, lr=args.lr, optimizer=args.optimizer,
                        curriculum=args.curriculum, log_every=args.log_every, eval_batches=args.eval_batches,
-                       wall_seconds=args.wall_seconds, min_level=args.min_level,
+                       wall_seconds=args.wall_seconds, start_level=args.start_level,
                        say=lambda text: print(text, flush=True), words=args.words,
                        initial_strength=args.initial_strength)
         results.append(result)

@@ -1,7 +1,8 @@
 """Which memory word to overwrite next: the least recently used one (thesis 3.2.3, eq. 3.4).
 
-SAM's usage U^(2)(i) is the number of steps since word i was last accessed with a weight above delta; the word
-that minimises it is the one accessed longest ago. The thesis keeps the words in a ring ordered by their last
+SAM's usage U^(2)(i) is the number of steps since word i was last accessed, a step accessing it when its write
+and read weights, summed over heads, exceed delta (a^W(i) + a^R(i) > delta); the word to overwrite is the one
+accessed longest ago. The thesis keeps the words in a ring ordered by their last
 access (3.3.3): a doubly linked list whose head is the least recently used word; an access moves a word to the
 back and finding the least recently used word reads the head, both O(1) whatever the memory size. Here the ring
 of each stream is a row of one int64 tensor, `ring[b, 0]` the previous and `ring[b, 1]` the next node of every
@@ -72,8 +73,15 @@ class Ring:
 
 
 def accessed_words(indices: torch.Tensor, weights: torch.Tensor, delta: float) -> list[list[int]]:
-    """Per stream, the words among `indices` (B, ...) whose weight (same shape) exceeds delta, in order."""
-    flat = torch.where(weights.detach() > delta, indices, -1).reshape(indices.shape[0], -1).tolist()
+    """Per stream, the words among `indices` (B, E) whose weights (same shape) sum to more than delta, in the
+    order of their first entry: U^(2)'s access (3.2.3), a^W(i) + a^R(i) > delta, with the entries of every head's
+    write and read of the step given together."""
+    weights = weights.detach()
+    same = indices[:, :, None] == indices[:, None, :]
+    totals = (same.to(weights.dtype) * weights[:, None, :]).sum(-1)
+    earlier = torch.ones(indices.shape[1], indices.shape[1], dtype=torch.bool, device=indices.device).tril(-1)
+    first = ~(same & earlier).any(-1)
+    flat = torch.where(first & (totals > delta), indices, -1).tolist()
     return [[i for i in row if i >= 0] for row in flat]
 
 

@@ -8,6 +8,7 @@ import math
 import warnings
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -341,8 +342,9 @@ class Model(nn.Module):
 
     def memory_stats(self) -> dict:
         """Per Switch layer, the share of token choices per expert and its coefficient of variation (std / mean,
-        0 for a perfectly balanced load) since reset_memory_stats; and the mean CV over blocks."""
-        stats = {name: load_stats(layer.eval_counts) for name, layer in self.switch_layers().items()}
+        0 for a perfectly balanced load) since reset_memory_stats, over the tokens of every process (each must
+        call it); and the mean CV over blocks."""
+        stats = {name: load_stats(all_processes(layer.eval_counts)) for name, layer in self.switch_layers().items()}
         return {"expert_load": stats, "mean_cv": sum(s["cv"] for s in stats.values()) / len(stats)}
 
     def train_metrics(self) -> dict:
@@ -356,6 +358,16 @@ class Model(nn.Module):
             layer.train_counts.zero_()
             layer.train_dropped.zero_()
         return {"moe_drop_rate": dropped / choices if choices else 0.0, "moe_load_cv": cv}
+
+
+def all_processes(counts: torch.Tensor) -> torch.Tensor:
+    """The counts of every process summed, as a copy (asking twice must not sum twice); themselves when not
+    distributed."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return counts
+    total = counts.clone()
+    dist.all_reduce(total)
+    return total
 
 
 def load_stats(counts: torch.Tensor) -> dict:

@@ -18,6 +18,11 @@ def test_bad_durations_name_the_accepted_forms(name):
         cc.compute_class_seconds(name)
 
 
+def test_an_upper_case_m_is_refused_not_read_as_minutes():
+    with pytest.raises(ValueError, match=r"'2M'.*lower-case m \(2m\).*million"):
+        cc.compute_class_seconds("2M")
+
+
 # Step counts the Languini authors published with their GPT configs (official code, languini/projects/gpt/
 # README.md; RTX 3090 throughputs of Table 5, seq_len 512): all are round(3600 h v / (batch * 512)).
 @pytest.mark.parametrize(

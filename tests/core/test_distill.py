@@ -1,6 +1,7 @@
 """Distillation (languini/distill.py, scripts/distill.py): the loss against a hand computation, the initialisation
-copying exactly the teacher's non-expert weights, the arithmetic of charging the teacher's forward to the
-budget, and a switch_gpt teacher teaching a gpt student end to end."""
+copying exactly the teacher's non-expert weights (into a split tensor its part), the arithmetic of charging the
+teacher's forward to the budget, and a switch_gpt teacher teaching a gpt student end to end (under torchrun:
+tests/switch_gpt/test_expert_parallel.py)."""
 import dataclasses
 import importlib.util
 import json
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from languini import distill, throughput
+from languini import distill, model_parallel, throughput
 from languini.experiment import main as train_main
 from languini.plan import Plan
 from projects.gpt import configs as gpt_configs
@@ -62,6 +63,17 @@ def test_init_from_a_switch_teacher_copies_exactly_its_non_expert_weights():
     # a wider student: the same names, other shapes, so only the attention's qkv biases (n_heads x d_head wide)
     wider = GPT(gpt_configs.get("cpu", **{**shape, "d_model": 48}))
     assert distill.copy_matching_weights(wider, teacher_state) == [f"blocks.{b}.attn.qkv.bias" for b in range(4)]
+
+
+def test_a_split_student_tensor_takes_its_part_of_the_teachers():
+    """A student tensor holding the second of 2 parts (--expert_parallel, --memory_shards) matches the teacher's
+    whole tensor by its whole shape and gets that part."""
+    student = torch.nn.Module()
+    student.experts = model_parallel.parameter((4, 3), model_parallel.ShardGroup(2, 1), dim=0)
+    whole = torch.arange(12.0).view(4, 3)
+    assert distill.copy_matching_weights(student, {"experts": whole}) == ["experts"]
+    assert torch.equal(student.experts, whole[2:])
+    assert distill.copy_matching_weights(student, {"experts": whole[2:]}) == []  # a part is not the whole tensor
 
 
 def teacher_run(tmp_path, tokens_per_second=1000.0, hardware="cpu", model_config=None):

@@ -59,6 +59,10 @@ def test_another_protocol_replaces_only_the_entries_it_evaluates(evaluate_script
     assert trained["eval"]["slow"]["test"]["scored_tokens"] == 2 * 8
     assert results["eval"]["fast"] == trained["eval"]["fast"]
     assert results["eval"]["slow"]["valid"] == trained["eval"]["slow"]["valid"]
+    # the training's entry is kept, and what replaced it says so; the others are still train.py's
+    assert results["replaced_eval"] == {"slow": {"test": [trained["eval"]["slow"]["test"]]}}
+    assert list(results["eval_by"]) == ["slow"] and list(results["eval_by"]["slow"]) == ["test"]
+    assert results["eval_by"]["slow"]["test"].startswith("scripts/evaluate.py, 20")
 
 
 @pytest.mark.parametrize("args,message", [(["--split", "nonsense"], "Split 'nonsense' not in"),

@@ -17,11 +17,11 @@ def session(*args, **env):
 
 
 def test_plan_fits_each_call_in_nine_minutes():
-    result = session("--plan", "call1", "call2")
+    result = session("--plan", "call1", "call2", "call3")
     assert result.returncode == 0, result.stdout + result.stderr
     sums = dict(line.split(": timeouts sum to ") for line in result.stdout.splitlines() if "timeouts sum to" in line
                 and line.startswith("call"))
-    assert set(sums) == {"call1", "call2"}
+    assert set(sums) == {"call1", "call2", "call3"}
     assert all(int(total.rstrip("s")) <= 540 for total in sums.values()), sums
 
 

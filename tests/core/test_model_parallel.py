@@ -1,8 +1,8 @@
 """languini/model_parallel.py and the model-parallel part of languini/checkpoint.py: the same initial numbers on
 every layout, layout fields left out of fingerprints and checks, a group size the run cannot hold refused, and on
 2 processes (gloo): the all-to-all and the row gather with uneven counts and their gradients, evaluation in
-lockstep, and checkpoints moving between layouts (a whole checkpoint cut into parts on 2 processes; parts saved
-on 2 processes read back whole on 1)."""
+lockstep (padding, never an empty batch), and checkpoints moving between layouts (a whole checkpoint cut into
+parts on 2 processes; parts saved on 2 processes read back whole on 1)."""
 import dataclasses
 
 import pytest
@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from languini import checkpoint, model_parallel, throughput
+from languini.books import PAD
 from languini.memory_layers import sharded_bag
 from projects.lram_gpt import configs as lram_configs
 from tests.distributed import run_on_ranks
@@ -58,6 +59,10 @@ def test_parameter_counts_whole_tensors_and_refuses_uneven_splits():
     module.other = nn.Parameter(torch.zeros(3))
     assert module.table.shape == (6, 2) and model_parallel.parameter_count(module) == 24 + 3
     assert model_parallel.ddp_ignored(module) == ["table"] and model_parallel.collective_forward(module)
+    module.reader = nn.Module()
+    module.reader.table = module.table  # one table read by two layers (--share_memory): DDP must skip both names
+    assert model_parallel.ddp_ignored(module) == ["table", "reader.table"]
+    assert model_parallel.parameter_count(module) == 24 + 3
     with pytest.raises(ValueError, match="value width .5. must be a multiple of the 2 shards"):
         model_parallel.parameter((6, 5), fake_group(2, 0), 1, what="the value width")
 
@@ -132,10 +137,15 @@ def distributed_checks(rank, world_size, whole_dir, split_dir):
     expected = 2 * (torch.arange(24.0).view(FULL)[rank] + 0.5 * torch.arange(24.0).view(FULL)[5])
     torch.testing.assert_close(toy(index, weight), expected[None])
 
-    # evaluation in lockstep: 3 batches here, 1 there; both run 3 forward passes, the extra ones empty
-    batches = [(torch.ones(2, 4, dtype=torch.long),) * 3] * (3 if rank == 0 else 1)
-    seen = [b[0].shape[0] for b in model_parallel.lockstep(batches, toy, torch.device("cpu"))]
-    assert seen == ([2, 2, 2] if rank == 0 else [2, 0, 0])
+    # evaluation in lockstep: 3 batches here and 1 there, then 2 here and none there; both processes run as many
+    # forward passes, the extra ones padding of the last batch's shape (one position without one), nothing scored
+    batch = (torch.ones(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.bool))
+    for counts, padding_shape in (((3, 1), (2, 4)), ((2, 0), (1, 1))):
+        seen = list(model_parallel.lockstep([batch] * counts[rank], toy, torch.device("cpu")))
+        assert len(seen) == max(counts) and all(b is batch for b in seen[:counts[rank]])
+        for x, y, mask in seen[counts[rank]:]:
+            assert x.shape == y.shape == mask.shape == padding_shape
+            assert x.eq(PAD).all() and y.eq(PAD).all() and mask.dtype == torch.bool and not mask.any()
 
     # a whole checkpoint (saved on one process) cut into this process's parts
     ckpt, _ = checkpoint.load(whole_dir, torch.device("cpu"), merge_shards=False)

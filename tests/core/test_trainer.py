@@ -87,7 +87,8 @@ class SparseEmbeddingGPT(Model):
 
 
 @pytest.mark.parametrize("model_cls", [Model, SparseEmbeddingGPT])
-def test_killed_and_resumed_run_has_the_losses_of_an_uninterrupted_one(default_corpus_root, tmp_path, model_cls):
+def test_killed_and_resumed_run_has_the_losses_of_an_uninterrupted_one(default_corpus_root, tmp_path, model_cls,
+                                                                      capsys):
     args = TINY + ["--data_root", str(default_corpus_root), "--max_steps", "8", "--log_every", "1",
                    "--eval_every", "4", "--micro_batches", "2", "--run_name", "r"]
     whole = main("gpt", configs, model_cls, args + ["--out_dir", str(tmp_path / "a")])
@@ -98,7 +99,9 @@ def test_killed_and_resumed_run_has_the_losses_of_an_uninterrupted_one(default_c
     first_job = torch.load(run_b / "checkpoint.pt", weights_only=False)["wall_seconds"]
     with (run_b / "log.jsonl").open("a") as f:  # a row the killed run wrote after its last checkpoint
         f.write(json.dumps({"event": "train", "step": 7, "loss": 0.0}) + "\n")
+    capsys.readouterr()
     resumed = main("gpt", configs, model_cls, args + ["--out_dir", str(tmp_path / "b"), "--resume", "true"])
+    assert f"Resuming from {run_b / 'checkpoint.pt'} at step 5 of 8." in capsys.readouterr().out
     assert train_losses(run_b) == train_losses(tmp_path / "a" / "r")
     assert [s for s, _ in train_losses(run_b)] == list(range(1, 9))
     assert resumed["eval"] == whole["eval"]

@@ -172,6 +172,21 @@ def test_decoding_token_by_token_matches_the_forward():
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_decoding_from_an_empty_memory_in_the_weights_dtype(dtype):
+    """Decoder(model) with no state starts from tau zero vectors, as the forward with model.empty_state does."""
+    cfg = small(mem_len=3)
+    model, tokens, _, _ = model_and_inputs(cfg, 5, dtype=dtype)
+    with torch.no_grad():
+        want, _ = model(tokens, model.empty_state(tokens.shape[0], tokens.device).to(dtype))
+        decoder = Decoder(model, batch=tokens.shape[0])
+        got = torch.stack([decoder.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
+    assert got.dtype == want.dtype
+    # fp32 and fp64: the same sums in another order; bf16: both paths round each product's inputs to 8 bits
+    tolerance = {torch.float32: 1e-5, torch.float64: 1e-10, torch.bfloat16: 5e-2}[dtype]
+    torch.testing.assert_close(got.float(), want.float(), rtol=tolerance, atol=tolerance)
+
+
 def test_bad_configs_and_states_are_refused():
     with pytest.raises(ValueError, match="memory must be one of"):
         Model(small(memory="max"))

@@ -1,9 +1,10 @@
 """The project's scripts: the GPT copy of gpt_baseline.py against projects/gpt/model.py and its cached generation
-against its forward; bench_speed.py's table; the random walks of toy_task.py against a hand-worked walk, and the
-task's script end to end on a tiny budget."""
+against its forward; bench_speed.py's table; the random walks of tasks.py against a hand-worked walk, and the
+task's script end to end on a tiny budget; the toy tasks' data against hand checks and an interpreter."""
+import pytest
 import torch
 
-from projects.feedback import bench_speed, configs, toy_task
+from projects.feedback import bench_speed, configs, tasks, toy_tasks
 from projects.feedback.gpt_baseline import GPT, CachedDecoder, GPTConfig
 
 
@@ -14,7 +15,8 @@ def test_gpt_copy_equals_the_gpt_project():
     for attention in ("math", "sdpa"):
         cfg = bench_speed.gpt_config(configs.get("cpu", n_layers=1, seq_len=16), attention)
         torch.manual_seed(0)
-        original = OriginalGPT(gpt_configs.ModelConfig(**vars(cfg)))
+        # the copy's one addition, the attention window, off (None) as the original has none
+        original = OriginalGPT(gpt_configs.ModelConfig(**{k: v for k, v in vars(cfg).items() if k != "window"}))
         torch.manual_seed(0)
         copy = GPT(cfg)
         assert copy.state_dict().keys() == original.state_dict().keys()
@@ -46,17 +48,90 @@ def test_bench_prints_both_models_with_their_ratios(capsys, single_thread):
 
 
 def test_walks_against_a_hand_worked_walk():
-    tokens, cells = toy_task.walks(1, 6, 3, torch.Generator().manual_seed(0))
-    # 3 x 3 grid: start cell 8 = (2, 2) (token 4 + 8); west to (2, 1) = 7; south into the wall, still 7; north to
-    # (1, 1) = 4; west to (1, 0) = 3; west into the wall, still 3. Cells are tokens 4 + cell.
-    assert tokens[0].tolist() == [12, 3, 1, 0, 3, 3]
-    assert cells[0].tolist() == [12, 11, 11, 8, 7, 7]
+    tokens, cells, mask, vocab = tasks.random_walk(1, 6, 3, torch.Generator().manual_seed(0))
+    # 3 x 3 grid: start cell 8 = (2, 2); west to (2, 1) = 7; south into the wall, still 7; north to (1, 1) = 4; west
+    # to (1, 0) = 3; west into the wall, still 3
+    assert [vocab.words[t] for t in tokens[0]] == ["c8", "W", "S", "N", "W", "W"]
+    assert [vocab.words[c] for c in cells[0]] == ["c8", "c7", "c7", "c4", "c3", "c3"] and bool(mask.all())
 
 
-def test_toy_task_runs_both_models(single_thread, tmp_path):
-    results = toy_task.main(["--seconds", "0.5", "--length", "6", "--grid", "3", "--d_model", "16", "--n_heads", "2",
-                             "--eval_walks", "500", "--batch_size", "8", "--plot", str(tmp_path / "walk.png")])
-    assert (tmp_path / "walk.png").stat().st_size > 0
-    assert set(results) == {"feedback", "gpt"}
-    for r in results.values():
-        assert r["steps"] >= 1 and 0 <= r["last_step_accuracy"] <= 1 and 0 <= r["accuracy"] <= 1
+def words(vocab, row):
+    return [vocab.words[i] for i in row.tolist()]
+
+
+def test_copy_reverse_and_counting_ask_what_their_inputs_say():
+    g = torch.Generator().manual_seed(1)
+    for task, order in ((tasks.copy, 1), (tasks.reverse, -1)):
+        tokens, targets, mask, vocab = task(3, 5, 4, g)
+        for b in range(3):
+            assert words(vocab, tokens[b])[5:] == ["SEP"] + ["?"] * 5
+            assert words(vocab, targets[b][mask[b]]) == words(vocab, tokens[b, :5])[::order]
+    tokens, targets, mask, vocab = tasks.counting(50, 7, g)
+    for b in range(50):
+        k = words(vocab, tokens[b]).count("A")
+        assert words(vocab, targets[b][mask[b]]) == ["B"] * k + ["END"]
+
+
+def run_program(words_):
+    """An interpreter of the algorithmic task's statements, written apart from the generator: the printed values."""
+    values, printed, statement = {}, [], []
+    for word in words_:
+        statement.append(word)
+        if word != ";":
+            continue
+        if statement[0] == "if":
+            var, op, bound = statement[1], statement[2], statement[3]
+            bound = values[bound] if bound in values else int(bound)
+            holds = values[var] < bound if op == "<" else values[var] > bound
+            statement = statement[5:] if holds else [";"]
+        if statement[0] == "print":
+            printed.append(values[statement[1]])
+        elif len(statement) == 4 and statement[1] == "=":
+            values[statement[0]] = int(statement[2])
+        elif len(statement) == 3:
+            values[statement[0]] += 1 if statement[1] == "++" else -1
+        statement = []
+    return printed
+
+
+@pytest.mark.parametrize("variables", [3, 5])
+def test_algorithmic_labels_are_what_the_program_prints(variables):
+    tokens, targets, mask, vocab = tasks.algorithmic(20, 40, variables, torch.Generator().manual_seed(variables))
+    prints = 0
+    for b in range(20):
+        program = [w for w in words(vocab, tokens[b]) if w != "<pad>"]
+        printed = run_program(program)
+        assert [int(w) for w in words(vocab, targets[b][mask[b]])] == printed
+        assert all(1 <= v <= 10 for v in printed) and set(program) <= set(vocab.words)
+        prints += len(printed)
+    assert prints > 20  # a print is one statement in five
+
+
+def test_toy_tasks_run_both_models_on_every_task(single_thread, tmp_path):
+    for task in toy_tasks.DEFAULT_N:
+        results = toy_tasks.main(["--task", task, "--n", "6", "--seconds", "0.3", "--d_model", "16", "--n_heads",
+                                  "2", "--eval_sequences", "60", "--batch_size", "4", "--window", "4", "--seeds",
+                                  "0", "1", "--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "p.png")])
+        assert set(results) == {"feedback", "gpt"} and (tmp_path / "p.png").stat().st_size > 0
+        for runs in results.values():
+            assert [r["seed"] for r in runs] == [0, 1]
+            for r in runs:
+                assert r["steps"] >= 1 and 0 <= r["sequence_accuracy"] <= r["accuracy"] <= 1
+
+
+def test_the_gpt_window_hides_what_lies_that_far_back():
+    cfg = GPTConfig(vocab_size=11, seq_len=8, d_model=16, n_layers=1, n_heads=2, d_head=8, window=3)
+    torch.manual_seed(0)
+    model = GPT(cfg).eval()
+    x = torch.randint(11, (1, 8))
+    changed = x.clone()
+    changed[0, 0] = (x[0, 0] + 1) % 11
+    with torch.no_grad():
+        a, b = model(x)[0], model(changed)[0]
+    # one layer of a 3-position window: position 3 and later never see position 0
+    assert (a[0, :3] - b[0, :3]).abs().max() > 1e-3
+    torch.testing.assert_close(a[0, 3:], b[0, 3:], rtol=1e-6, atol=1e-6)
+    decoder = CachedDecoder(model, batch=1)
+    with torch.no_grad():
+        stepped = torch.stack([decoder.step(x[:, t]) for t in range(8)], dim=1)
+    torch.testing.assert_close(stepped, a, rtol=1e-5, atol=1e-5)

@@ -7,6 +7,7 @@
   it, against the forward's final memory (the writes are redone).
 """
 import gc
+import math
 import weakref
 
 import pytest
@@ -85,7 +86,7 @@ def test_sparse_steps_match_a_dense_computation_restricted_to_k_in_float64():
         for b in range(B):
             times = sorted(last[b].tolist())
             assert sorted(last[b, erased[t][b]].tolist()) == times[:H]  # the H smallest, whatever the ties
-            touched = ((write[b] > core.cfg.delta) | (read[b] > core.cfg.delta)).any(0)
+            touched = write[b].sum(0) + read[b].sum(0) > core.cfg.delta  # a^W(i) + a^R(i) > delta over heads
             last[b, touched] = t
     assert len({w for step in erased for w in step[0]}) > H  # several different words were erased
 
@@ -107,6 +108,40 @@ def test_usage_ring_against_brute_force_argmin():
             if len(set(last[b].tolist())) == words:  # no ties: the argmin itself
                 assert chosen[0] == int(last[b].argmin())
         assert sorted(ring.order(0)) == list(range(words))  # still a ring of every word
+
+
+def test_an_access_is_the_sum_of_a_steps_weights_on_a_word_over_heads_reads_and_writes():
+    """3.2.3: a word is accessed when a^W(i) + a^R(i) > delta, summed over heads. delta = 0.005: word 7 read
+    0.003 and written 0.003, word 3 read 0.003 by each of two heads, word 2 written 0.002 by two heads and read
+    0.002 (0.006), all accessed; word 5 read 0.004 alone and word 9 at exactly delta are not."""
+    indices = torch.tensor([[2, 7, 2, 3, 5, 3, 7, 9, 2]])
+    weights = torch.tensor([[0.002, 0.003, 0.002, 0.003, 0.004, 0.003, 0.003, 0.005, 0.002]], dtype=torch.float64)
+    assert usage.accessed_words(indices, weights, 0.005) == [[2, 7, 3]]
+
+
+def test_a_step_counts_a_word_read_and_written_below_delta_each_as_accessed():
+    """One SAM step, one head, K = 2, delta = 0.005, on words 0 = e_0, 1 = e_1 and the rest empty; the ring
+    orders 5 (least recent), 0, 1, 2, 3, 4. The head wrote word 1 with 0.5 * 0.5 * 0.012 = 0.003 (alpha =
+    gamma = 0.5 on a previous read weight of 0.012), word 5 with 0.5 * (1 - 0.5) = 0.25 of -e_0, and reads words
+    0 and 1 with a query e_0 at a strength that puts about 0.003 on word 1. Word 1's write and read, each below
+    delta, sum above it: the step accesses words 1, 5 and 0, in that order, and word 2 becomes the least recent."""
+    cfg = MemoryConfig(kind="sam", hidden=4, heads=1, word_size=3, words=6, k=2)
+    core = MemoryCore(cfg, 3, 3)
+    state = core.initial_state(1, "cpu")
+    state["memory"][0, 0, 0], state["memory"][0, 1, 1] = 1.0, 1.0
+    state["read_words"], state["read_weights"] = torch.tensor([[[1, 2]]]), torch.tensor([[[0.012, 0.0]]])
+    ring = usage.Ring(state["ring"])
+    ring.touch([[0, 1, 2, 3, 4]])
+    strength = math.log(0.997 / 0.003)  # read weight 1 / (1 + e^(beta (cos 1 - cos 0))) = 0.003 on word 1
+    raw_strength = math.log(math.expm1(strength - 1))  # beta = 1 + softplus(raw)
+    interface = torch.tensor([[1.0, 0.0, 0.0, -1.0, 0.0, 0.0, raw_strength, 0.0, 0.0]])  # q, w, beta, alpha, gamma
+    context = {"tape": Tape(state["memory"], core.gradient_buffers, False), "faiss": None, "ring": ring,
+               "offsets": torch.zeros(1, 1, 1, dtype=torch.int64)}
+    core._sparse_step(interface, state, context)
+    assert state["read_words"].tolist() == [[[0, 1]]]
+    read = float(state["read_weights"][0, 0, 1])
+    assert 0.0025 < read < cfg.delta and 0.003 + read > cfg.delta  # below delta alone, above it with the write
+    assert ring.order(0) == [2, 3, 4, 1, 5, 0]
 
 
 def test_backward_rolls_the_memory_back_step_by_step_then_redoes_the_writes(monkeypatch):
@@ -149,6 +184,32 @@ def test_backward_rolls_the_memory_back_step_by_step_then_redoes_the_writes(monk
     assert torch.equal(state2["memory"], final)
     buffer = next(iter(core.gradient_buffers.buffers.values()))
     assert not buffer.any()  # dL/dM is clean for the next backward
+
+
+@pytest.mark.parametrize("kind", ["sam", "sdnc"])
+def test_a_backward_after_another_forward_changed_its_memory_is_refused(kind):
+    """Two forwards on one state, then the first one's backward: its rollback would revert its writes on top of
+    the second's, and its reads' backwards would see memories that never were. Refused with a clear error, the
+    memory left as the second forward left it; the second's backward still works (and leaves it so), the first's
+    stays refused. A forward without gradients (an evaluation) between a forward and its backward is refused
+    the same way: it changes the memory in place too."""
+    torch.manual_seed(0)
+    core = MemoryCore(MemoryConfig(kind=kind, hidden=8, heads=2, word_size=4, words=16, k=2), 3, 2)
+    first, state = core(torch.randn(2, 5, 3))
+    second, state = core(torch.randn(2, 4, 3), state)
+    after_second = state["memory"].clone()
+    with pytest.raises(RuntimeError, match="changed after this forward, before its backward"):
+        first.square().sum().backward(retain_graph=True)
+    assert torch.equal(state["memory"], after_second)
+    second.square().sum().backward()
+    assert torch.equal(state["memory"], after_second)
+    with pytest.raises(RuntimeError, match="changed after this forward, before its backward"):
+        first.square().sum().backward()
+    third, state = core(torch.randn(2, 3, 3), state)
+    with torch.no_grad():
+        core(torch.randn(2, 3, 3), state)
+    with pytest.raises(RuntimeError, match="changed after this forward, before its backward"):
+        third.square().sum().backward()
 
 
 @pytest.mark.parametrize("kind", ["sam", "sdnc"])

@@ -39,13 +39,28 @@ def test_random_episodes_have_the_thesis_sizes():
     assert x.shape == (4, 41, 9) and y.shape == (4, 41, 8) and mask.sum() == 4 * 20
     x, y, mask = tasks.episode("recall", 4, 6, g)
     assert x.shape == (4, 14, 10) and mask.sum() == 4
-    # the answer is the value shown right after the queried key
+    # the answer is the value shown right after the queried key, shown once
     for b in range(4):
         key = x[b, 12, :8]
         shown = [t for t in range(0, 12, 2) if torch.equal(x[b, t, :8], key)]
-        assert any(torch.equal(y[b, -1], x[b, t + 1, :8]) for t in shown)
+        assert len(shown) == 1 and torch.equal(y[b, -1], x[b, shown[0] + 1, :8])
     x, y, mask = tasks.episode("sort", 4, 20, g)
     assert x.shape == (4, 37, 10) and mask.sum() == 4 * 16
+
+
+def test_associative_recall_keys_are_distinct_within_an_episode():
+    """Keys of 2 bits, 4 pairs: each episode shows all 4 codes once (drawn with replacement, an episode would
+    repeat one with probability 1 - 4!/4^4 = 0.91); of 3 bits, 5 pairs: no key twice in 200 episodes (each would
+    repeat one with probability 1 - 8 7 6 5 4 / 8^5 = 0.79). 5 pairs of 2 bits cannot be distinct."""
+    g = torch.Generator().manual_seed(0)
+    x, _, _ = tasks.episode("recall", 64, 4, g, bits=2)
+    codes = (x[:, 0:8:2, :2] * torch.tensor([2.0, 1.0])).sum(-1)  # (64, 4) keys as numbers 0-3
+    assert (codes.sort(-1).values == torch.arange(4.0)).all()
+    x, _, _ = tasks.episode("recall", 200, 5, g, bits=3)
+    keys = x[:, 0:10:2, :3]
+    assert not (keys[:, :, None] == keys[:, None]).all(-1).triu(1).any()
+    with pytest.raises(ValueError, match="distinct keys"):
+        tasks.episode("recall", 1, 5, g, bits=2)
 
 
 def test_cost_per_sequence_is_bits():
@@ -68,13 +83,22 @@ def test_curriculum_doubles_below_the_threshold():
     assert curriculum.h == 20  # 4 -> 8 -> 16 -> 20, the top of the range
 
 
+def test_curriculum_levels_are_drawn_from_one_to_h():
+    """3.4.3: levels from U(0, h) (here from 1: level 0 scores nothing), also when the task's range starts higher
+    (recall: 3-6 pairs) or the curriculum starts higher; without the curriculum, the task's range."""
+    g = torch.Generator().manual_seed(0)
+    assert {tasks.Curriculum(3, 6, threshold=1.0, start=3).level(g) for _ in range(200)} == {1, 2, 3}
+    assert {tasks.Curriculum(3, 6, threshold=1.0, start=5).level(g) for _ in range(300)} == {1, 2, 3, 4, 5}
+    assert {tasks.Curriculum(3, 6, threshold=1.0, enabled=False).level(g) for _ in range(200)} == {3, 4, 5, 6}
+
+
 def test_training_script_records_curves_and_evaluates(tmp_path, capsys):
     from projects.sam import train_tasks
 
     result = train_tasks.train("recall", "sam", cpu_seconds=60, max_batches=4, log_every=2, eval_batches=1,
-                               words=16, hidden=16, heads=1, curriculum=True, min_level=2, initial_strength=11.0)
+                               words=16, hidden=16, heads=1, curriculum=True, start_level=2, initial_strength=11.0)
     assert len(result["curve"]) == 2 and result["sequences"] == 32
-    assert result["min_level"] == 2 and all(point[2] == 2 for point in result["curve"])  # the curriculum's start
+    assert result["start_level"] == 2 and all(point[2] == 2 for point in result["curve"])  # the curriculum's start
     assert result["eval_cost"] > 0 and 0 <= result["eval_errors"] <= 8
     train_tasks.main(["--task", "copy", "--models", "lstm", "--cpu_seconds", "0.2", "--log_every", "1",
                       "--eval_batches", "1", "--out", str(tmp_path / "c.json"), "--plot", str(tmp_path / "c.png")])
@@ -94,6 +118,10 @@ def test_initial_read_strength():
     torch.testing.assert_close(strength, torch.full((1, 3), 11.0))
     with pytest.raises(ValueError, match="initial_strength"):
         MemoryCore(MemoryConfig(kind="sam", words=16, initial_strength=1.0), 3, 2)
-    with pytest.raises(ValueError, match="min_level"):
-        from projects.sam import train_tasks
-        train_tasks.train("recall", "sam", cpu_seconds=1, max_batches=1, min_level=7, words=16, hidden=8)
+    from projects.sam import train_tasks
+
+    with pytest.raises(ValueError, match="start_level must be in"):
+        train_tasks.train("recall", "sam", cpu_seconds=1, max_batches=1, curriculum=True, start_level=7, words=16,
+                          hidden=8)
+    with pytest.raises(ValueError, match="the curriculum's first bound"):
+        train_tasks.train("recall", "sam", cpu_seconds=1, max_batches=1, start_level=2, words=16, hidden=8)
