@@ -15,7 +15,9 @@ Then the probe of a row set to mean(h), at step 0 and after the plain run: for t
 next training batch, c, its row is replaced by the mean of h over that batch's positions predicting c (the first
 sighting of the rule, lambda = 1), and on the held-out batches it prints that row's norm, its logit against the
 largest logit of the other rows, on positions whose target is c and on the rest, how often it becomes the argmax,
-and the held-out loss before and after.
+and the held-out loss before and after; then the same with the row rescaled to the trained row's norm (as
+--hebbian_scale rows does), which separates the row's scale from its direction. h_mean_norm, the norm of the mean
+of h over the held-out positions, against h_norm measures the direction all positions' h share.
 """
 import argparse
 import json
@@ -91,6 +93,7 @@ def measure(model, batches, inputs, rule) -> dict:
     h, logits, targets = held_out(model, batches, inputs)
     rows = model.head.weight.detach().float().norm(dim=1)
     row = {"held_out_loss": float(F.cross_entropy(logits, targets)), "h_norm": median(h.norm(dim=1)),
+           "h_mean_norm": float(h.mean(0).norm()),
            "row_norm": median(rows), "final_norm_gain": float(model.ln_f.weight.detach().mean())}
     if rule is not None:
         written = rule.counts > 0
@@ -102,7 +105,7 @@ def measure(model, batches, inputs, rule) -> dict:
 @torch.no_grad()
 def probe_mean_row(model, train_batch, batches, inputs) -> dict:
     """Row c := mean(h : y = c) over a training batch, c its most frequent target; its effect on held-out logits."""
-    x, y = train_batch
+    x, y = (t[0] for t in train_batch)  # the first micro-batch: batches are (micro_batches, batch, seq_len)
     model.eval()
     model(x)
     model.train()
@@ -112,17 +115,20 @@ def probe_mean_row(model, train_batch, batches, inputs) -> dict:
     h, logits, targets = held_out(model, batches, inputs)
     before = float(F.cross_entropy(logits, targets))
     trained_row_logit = logits[:, c].clone()
-    logits[:, c] = h @ mean_h  # the head has no bias: the logit of a row is its dot product with h
-    others = torch.cat([logits[:, :c], logits[:, c + 1:]], dim=1).max(1).values
+    trained_norm = float(model.head.weight[c].float().norm())
     own = targets == c
-    return {"class": c, "positions_with_c_in_batch": int((y_train == c).sum()), "mean_h_norm": float(mean_h.norm()),
-            "trained_row_norm": float(model.head.weight[c].float().norm()),
-            "trained_row_logit_median": median(trained_row_logit),
-            "mean_row_logit_median_target_c": median(logits[own, c]),
-            "mean_row_logit_median_other_targets": median(logits[~own, c]),
-            "largest_other_logit_median": median(others),
-            "share_of_positions_mean_row_wins": float((logits.argmax(1) == c).float().mean()),
-            "held_out_loss_before": before, "held_out_loss_after": float(F.cross_entropy(logits, targets))}
+    others = torch.cat([logits[:, :c], logits[:, c + 1:]], dim=1).max(1).values
+    result = {"class": c, "positions_with_c_in_batch": int((y_train == c).sum()), "mean_h_norm": float(mean_h.norm()),
+              "trained_row_norm": trained_norm, "trained_row_logit_median": median(trained_row_logit),
+              "largest_other_logit_median": median(others), "held_out_loss_before": before}
+    # the row as eq. 4.2 writes it, then rescaled to the trained row's norm (what --hebbian_scale rows does)
+    for name, row in (("mean_row", mean_h), ("rescaled_row", mean_h * trained_norm / mean_h.norm())):
+        logits[:, c] = h @ row  # the head has no bias: the logit of a row is its dot product with h
+        result |= {f"{name}_logit_median_target_c": median(logits[own, c]),
+                   f"{name}_logit_median_other_targets": median(logits[~own, c]),
+                   f"{name}_share_of_positions_it_wins": float((logits.argmax(1) == c).float().mean()),
+                   f"{name}_held_out_loss_after": float(F.cross_entropy(logits, targets))}
+    return result
 
 
 def run(args, rule_on: bool, dataset: BooksDataset, run_dir: Path) -> dict:
