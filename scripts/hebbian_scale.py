@@ -2,6 +2,7 @@
 
     python scripts/hebbian_scale.py                                   # gpt cpu, the default corpus, 60 steps
     python scripts/hebbian_scale.py --project qlstm --steps 60 --json scale.json
+    python scripts/hebbian_scale.py --tie_embeddings true                 # head is the input embedding
 
 Trains the project's config twice from the same seed, without and with --hebbian_softmax (the thesis's rule,
 --hebbian_limit and --hebbian_min_mix at their defaults), on the embedded default corpus (built once in
@@ -34,7 +35,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
 
 from languini import default_corpus  # noqa: E402
 from languini.books import BooksDataset, eval_batches  # noqa: E402
-from languini.flags import Parser  # noqa: E402
+from languini.flags import Parser, add_bool_flag  # noqa: E402
 from languini.trainer import TrainConfig, Trainer  # noqa: E402
 from projects.gpt import configs as gpt_configs  # noqa: E402
 from projects.gpt.model import Model as GPT  # noqa: E402
@@ -54,6 +55,7 @@ def parse_args(argv=None):
     parser.add_argument("--every", type=int, default=10, help="steps between measurements")
     parser.add_argument("--eval_batches", type=int, default=4, help="held-out batches of every measurement")
     parser.add_argument("--seed", type=int, default=0)
+    add_bool_flag(parser, "--tie_embeddings", False, "the project's --tie_embeddings: head is the input embedding")
     parser.add_argument("--json", default=None, help="also write the numbers here")
     return parser.parse_args(argv)
 
@@ -133,7 +135,7 @@ def probe_mean_row(model, train_batch, batches, inputs) -> dict:
 
 def run(args, rule_on: bool, dataset: BooksDataset, run_dir: Path) -> dict:
     configs, model_cls = PROJECTS[args.project]
-    cfg = configs.get(args.config, vocab_size=dataset.vocab_size)
+    cfg = configs.get(args.config, vocab_size=dataset.vocab_size, tie_embeddings=args.tie_embeddings)
     tcfg = TrainConfig(hebbian_softmax=rule_on, seed=args.seed)
     trainer = Trainer(project=args.project, config_name=args.config, model_cfg=cfg, model_cls=model_cls, tcfg=tcfg,
                       dataset=dataset, bytes_per_token=torch.ones(dataset.vocab_size), run_dir=run_dir,
