@@ -28,7 +28,8 @@ Each run (model, learning rate, seed) is written to --run_dir as <model>_lr<lr>_
 is reused afterwards. Then --out_dir gets steps_per_level.csv (a row per run and level), summary.csv (per model,
 learning rate and level: mean and standard deviation over the seeds that completed it, their number) and
 steps_per_level.png: the steps per level against the classes, mean with a band of two standard deviations, as the
-thesis's Figure 4.4, and the classes reached against the total steps, as its Figure 4.5. The table is printed.
+thesis's Figure 4.4, and the classes reached against the total steps, as its Figure 4.5. The table (mean ± sd over
+the seeds that completed each level, and their number) is printed.
 """
 import argparse
 import csv
@@ -327,8 +328,8 @@ def write_tables(runs: list[dict], summary: list[dict], out_dir: Path) -> None:
 
 
 def print_table(runs: list[dict], summary: list[dict]) -> None:
-    """Steps per level, mean +- 2 standard deviations over the seeds that completed it (their number if not all),
-    a column per model and learning rate; then each one's total steps to its last level completed by every seed."""
+    """Steps per level, mean +- standard deviation over the seeds that completed it and their number, a column per
+    model and learning rate; then each one's total steps to its last level completed by every seed (mean +- sd)."""
     keys = sorted({(r["model"], r["lr"]) for r in runs}, key=lambda k: (k[1], MODELS.index(k[0])))
     cell = {(row["model"], row["lr"], row["classes"]): row for row in summary}
     print("| classes | " + " | ".join(f"{m} (lr {lr:g})" for m, lr in keys) + " |")
@@ -340,14 +341,14 @@ def print_table(runs: list[dict], summary: list[dict]) -> None:
             if row is None or not row["completed"]:
                 cells.append("-")
                 continue
-            text = f"{row['mean_steps']:.0f}" + (f" ± {2 * row['std_steps']:.0f}" if row["completed"] > 1 else "")
-            cells.append(text + ("" if row["completed"] == row["runs"] else f" ({row['completed']}/{row['runs']})"))
+            text = f"{row['mean_steps']:.0f}" + (f" ± {row['std_steps']:.0f}" if row["completed"] > 1 else "")
+            cells.append(text + f" ({row['completed']}/{row['runs']})")
         print(f"| {classes} | " + " | ".join(cells) + " |")
     for m, lr in keys:
         mine = [r for r in runs if (r["model"], r["lr"]) == (m, lr)]
         reached = min(max((lv["classes"] for lv in r["levels"] if lv["finished"]), default=0) for r in mine)
         totals = [sum(lv["steps"] for lv in r["levels"] if lv["classes"] <= reached) for r in mine]
-        spread = f" ± {2 * statistics.stdev(totals):.0f}" if len(totals) > 1 else ""
+        spread = f" ± {statistics.stdev(totals):.0f}" if len(totals) > 1 else ""
         print(f"{m} lr {lr:g}: {statistics.fmean(totals):.0f}{spread} steps to complete {reached} classes "
               f"(every seed; {len(mine)} seeds)")
 
