@@ -1,8 +1,13 @@
 """Fast binding of novel classes with the Hebbian Softmax: Rae's thesis, section 4.3.1 (Figures 4.3-4.5), on
 synthetic glyphs instead of Omniglot (not available here).
 
-    python scripts/hebbian_binding.py --models softmax --lrs 0.001 0.003 0.006 0.01 0.02 --seeds 0 1   # the sweep
-    python scripts/hebbian_binding.py --models softmax hebbian --lrs 0.006 --seeds 0 1 2 3 4           # the comparison
+    # the softmax's learning-rate sweep, then the comparison at its best (what languini/README.md reports)
+    python scripts/hebbian_binding.py --models softmax --lrs 0.0015 0.003 0.006 0.012 --seeds 0 1 --channels 32 \
+        --max_steps 3000 --out_dir results/hebbian_binding/sweep
+    python scripts/hebbian_binding.py --models softmax hebbian --lrs 0.003 --seeds 0 1 2 3 4 --channels 32 \
+        --max_steps 3000
+
+Runs of other seeds or models can go in separate processes with the same --run_dir; the last command collects.
 
 The data: every class is a random glyph, 2-4 strokes of 1-2 straight segments each between points of a 7 x 7 grid
 on the canvas; each of its --examples (20) examples draws the glyph again with every stroke point moved a little,
@@ -329,7 +334,8 @@ def write_tables(runs: list[dict], summary: list[dict], out_dir: Path) -> None:
 
 def print_table(runs: list[dict], summary: list[dict]) -> None:
     """Steps per level, mean +- standard deviation over the seeds that completed it and their number, a column per
-    model and learning rate; then each one's total steps to its last level completed by every seed (mean +- sd)."""
+    model and learning rate; then each one's total steps to its last level completed by every seed (mean +- sd),
+    and the last level each seed completed."""
     keys = sorted({(r["model"], r["lr"]) for r in runs}, key=lambda k: (k[1], MODELS.index(k[0])))
     cell = {(row["model"], row["lr"], row["classes"]): row for row in summary}
     print("| classes | " + " | ".join(f"{m} (lr {lr:g})" for m, lr in keys) + " |")
@@ -351,6 +357,10 @@ def print_table(runs: list[dict], summary: list[dict]) -> None:
         spread = f" ± {statistics.stdev(totals):.0f}" if len(totals) > 1 else ""
         print(f"{m} lr {lr:g}: {statistics.fmean(totals):.0f}{spread} steps to complete {reached} classes "
               f"(every seed; {len(mine)} seeds)")
+        last = [max((lv["classes"] for lv in r["levels"] if lv["finished"]), default=0) for r in mine]
+        spread = f" ± {statistics.stdev(last):.1f}" if len(last) > 1 else ""
+        print(f"{m} lr {lr:g}: the last level completed has {statistics.fmean(last):.1f}{spread} classes "
+              f"(per seed: {', '.join(map(str, last))})")
 
 
 def plot(runs: list[dict], summary: list[dict], out: Path) -> None:
