@@ -14,6 +14,9 @@ class ModelConfig:
     d_head: int = arg(64, "width of each head; attention width is n_heads * d_head, which differs from d_model for "
                           "mini")
     mlp_ratio: int = arg(4, "MLP hidden width over d_model")
+    tie_embeddings: bool = arg(False, "one matrix for the input embedding and the output layer (the Hebbian "
+                                      "Softmax's language models tie them, Rae's thesis 4.3.2); false: two, as the "
+                                      "Languini paper")
     attention: str = arg("math", "math: an explicit masked softmax, as the official Languini code (whose use_flash is off: "
                                  "the paper saw gradient spikes with flash attention on its RTX 3090); sdpa: "
                                  "F.scaled_dot_product_attention (flash kernels)", choices=("math", "sdpa"))

@@ -1,4 +1,5 @@
-"""GPT-2 style decoder (Languini paper, section 4.2): pre-LayerNorm, learned positions, untied embeddings."""
+"""GPT-2 style decoder (Languini paper, section 4.2): pre-LayerNorm, learned positions, untied embeddings (tied with
+--tie_embeddings)."""
 import math
 
 import torch
@@ -66,6 +67,8 @@ class Model(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init)
+        if cfg.tie_embeddings:  # one tensor: what trains or rewrites a row of the output layer moves the input too
+            self.head.weight = self.tok_emb.weight
         for block in self.blocks:  # GPT-2: the MLP's residual write is scaled down with depth
             nn.init.normal_(block.mlp.proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
 

@@ -15,6 +15,9 @@ class ModelConfig:
     n_heads: int = arg(12, "recurrent heads")
     d_head: int = arg(64, "width of each head; the recurrent width is n_heads * d_head")
     mlp_ratio: int = arg(4, "MLP hidden width over d_model")
+    tie_embeddings: bool = arg(False, "one matrix for the input embedding and the output layer (the Hebbian "
+                                      "Softmax's language models tie them, Rae's thesis 4.3.2); false: two, as the "
+                                      "Languini paper")
     cell: str = arg("qlstm", "qlstm (eq. 18-24) or the classic multi-head lstm (eq. 11-17), for Table 7",
                     choices=("qlstm", "lstm"))
     impl: str | None = arg(None, "the qLSTM recurrence: loop, block or triton; none: triton on CUDA, block on CPU",

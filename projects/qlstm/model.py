@@ -54,6 +54,8 @@ class Model(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init)
+        if cfg.tie_embeddings:  # one tensor: what trains or rewrites a row of the output layer moves the input too
+            self.head.weight = self.tok_emb.weight
         for name, p in self.named_parameters():
             # MLP residual writes scaled down with depth; the cell's output projection is not, as in the official code
             if name.endswith("mlp.proj.weight"):
