@@ -325,6 +325,12 @@ def model_fields(config) -> dict:
 
 
 def same_model(saved: dict, config) -> bool:
-    """Whether a saved config (a dict) describes the model `config` does, whatever the layout of either."""
+    """Whether a saved config (a dict) describes the model `config` does, whatever the layout of either. A field
+    the saved config lacks was added to the config since it was saved: it stands at its default, the behaviour
+    the model had before the field existed (so a run saved earlier still resumes and reports finished)."""
     layout = layout_fields(config)
+    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(config)
+                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+    saved = {**{k: v for k, v in defaults.items() if k not in saved}, **saved}
     return {k: v for k, v in saved.items() if k not in layout} == model_fields(config)

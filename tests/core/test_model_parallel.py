@@ -14,6 +14,7 @@ from torch import nn
 from languini import checkpoint, model_parallel, throughput
 from languini.books import PAD
 from languini.memory_layers import sharded_bag
+from projects.gpt import configs as gpt_configs
 from projects.lram_gpt import configs as lram_configs
 from tests.distributed import run_on_ranks
 
@@ -73,6 +74,14 @@ def test_layout_fields_leave_fingerprints_and_checks_alone():
     assert throughput.model_flags(split, cfg) == ""
     assert model_parallel.same_model(dataclasses.asdict(split), cfg)
     assert not model_parallel.same_model(dataclasses.asdict(lram_configs.get("cpu", memory_gate="silu")), cfg)
+
+
+def test_a_config_saved_before_a_field_was_added_is_the_same_model_at_that_fields_default():
+    cfg = gpt_configs.get("cpu")
+    saved = dataclasses.asdict(cfg)
+    del saved["tie_embeddings"]  # a run saved before --tie_embeddings existed: untied, as the default
+    assert model_parallel.same_model(saved, cfg)
+    assert not model_parallel.same_model(saved, gpt_configs.get("cpu", tie_embeddings=True))
 
 
 def test_a_group_size_the_run_cannot_hold_is_refused(tmp_path):
