@@ -61,7 +61,7 @@ def lock(run_dir: Path) -> None:
             handle.seek(0)
             holder = handle.read().strip() or "unknown"
             handle.close()
-            raise RuntimeError(f"{run_dir} is in use by another run (process {holder}); wait for it to end, or give "
+            raise FileExistsError(f"{run_dir} is in use by another run (process {holder}); wait for it to end, or give "
                                "this one another --run_name.") from None
         try:  # the last holder removes the file on release: the lock counts only on the file that is there now
             if os.fstat(handle.fileno()).st_ino == os.stat(path).st_ino:

@@ -20,7 +20,7 @@ def test_a_folder_held_by_another_process_is_refused_until_that_process_ends(tmp
                               cwd=REPO)
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(RuntimeError, match=rf"in use by another run \(process {holder.pid}\).*--run_name"):
+        with pytest.raises(FileExistsError, match=rf"in use by another run \(process {holder.pid}\).*--run_name"):
             run_folder.lock(run_dir)
     finally:
         holder.kill()
