@@ -341,6 +341,8 @@ def eval_batches(books: list[Book], vocab_size: int, batch_size: int, seq_len: i
 
 
 SLOW_EVAL_PROTOCOLS = ("last_n", "every_target")
+# which windows a capped slow eval reads: evenly spaced over the split, or the split's first targets
+SLOW_EVAL_SAMPLES = ("spread", "first")
 
 
 def window_plan(stream_length: int, seq_len: int, last_n: int, protocol: str) -> list[tuple[int, int, int]]:
@@ -370,6 +372,18 @@ def window_plan(stream_length: int, seq_len: int, last_n: int, protocol: str) ->
     return windows
 
 
+def first_windows(windows: list[tuple[int, int, int]], targets: int) -> list[tuple[int, int, int]]:
+    """The windows of a window_plan that score the stream's first `targets` targets (positions 1..targets), the
+    last one cut there: with the every_target protocol, the same targets a stateful model's first
+    targets / seq_len windows score."""
+    kept = []
+    for start, first, last in windows:
+        if first > targets:
+            break
+        kept.append((start, first, min(last, targets)))
+    return kept
+
+
 def spread(items: list, count: int | None) -> list:
     """`count` of the items, evenly spaced from the first (all of them when count is None or not smaller): a
     capped slow evaluation samples the whole split, not only its start."""
@@ -379,15 +393,21 @@ def spread(items: list, count: int | None) -> list:
 
 
 def sliding_windows(books: list[Book], vocab_size: int, seq_len: int, last_n: int, batch_size: int,
-                    rank: int = 0, world_size: int = 1, max_windows: int | None = None, protocol: str = "last_n"):
+                    rank: int = 0, world_size: int = 1, max_windows: int | None = None, protocol: str = "last_n",
+                    sample: str = "spread"):
     """The slow eval of section 4.2.1: the split as one stream, in windows of seq_len (see window_plan).
 
     Windows are independent, so they are batched (`batch_size` at a time) with the same numbers as batch 1
-    and shared among `world_size` processes; `max_windows` of them, evenly spaced over the split (spread).
+    and shared among `world_size` processes; `max_windows` of them, evenly spaced over the split (sample
+    spread), or (sample first) those scoring the split's first max_windows x seq_len targets (first_windows).
     Yields (inputs, targets, mask) of shape (n, seq_len).
     """
+    if sample not in SLOW_EVAL_SAMPLES:
+        raise ValueError(f"slow eval sample must be one of {', '.join(SLOW_EVAL_SAMPLES)}, not {sample!r}")
     stream = Stream(books, vocab_size, repeat=False)
-    windows = spread(window_plan(stream.length, seq_len, last_n, protocol), max_windows)
+    plan = window_plan(stream.length, seq_len, last_n, protocol)
+    windows = (first_windows(plan, max_windows * seq_len) if sample == "first" and max_windows is not None
+               else spread(plan, max_windows))
     mine = windows[rank::world_size]
     for i in range(0, len(mine), batch_size):
         batch = mine[i:i + batch_size]

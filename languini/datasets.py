@@ -3,12 +3,14 @@ default corpus; and the SentencePiece model that counts its bytes."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import torch.distributed as dist
 
 from languini import default_corpus, tokenizer
 from languini.books import BooksDataset, DataError
+from languini.prepare import find_books
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -54,6 +56,21 @@ def prepare_hint(out: Path | None = None) -> str:
     return PREPARE + (f" --out {out}" if out is not None else "") + " (or any folder of books: BOOKS/train/*.txt, ...)"
 
 
+def misplaced_root(root: Path) -> str | None:
+    """Why `root`, given as --data_root, is not a data root when it is what one might pass by mistake: a dataset
+    folder itself (whose parent is the root), or a folder of raw books (to prepare, not to write into)."""
+    if re.fullmatch(r"books_\d+", root.name) or any(root.glob("file_list_*.npy")):
+        return (f"--data_root {root} is a dataset folder itself; --data_root is the folder that holds it: "
+                f"--data_root {root.parent}.")
+    try:
+        find_books(root)
+    except DataError:
+        return None
+    return (f"--data_root {root} holds raw books (split folders of .txt/.txt.gz), not a prepared dataset. Prepare "
+            f"them with: python scripts/prepare_books.py {root} (the dataset goes to the repository's data/, where "
+            "runs find it without --data_root).")
+
+
 def load_data(data_root: str | None, model_cfg, vocab_given: bool, say, ddp, smoke_corpus: bool = True,
               dry_run: bool = False) -> tuple[BooksDataset | None, object]:
     """The dataset and the model config, its vocab set to the data's unless --vocab_size was given.
@@ -68,8 +85,8 @@ def load_data(data_root: str | None, model_cfg, vocab_given: bool, say, ddp, smo
             raise DataError(f"--data_root {root} does not exist. Prepare a dataset there with {prepare_hint(root)}.")
         vocab = dataset_vocab(root, model_cfg.vocab_size, vocab_given)
         if vocab is None:
-            raise DataError(f"--data_root {root} holds no prepared dataset (no books_<vocab>/ folder). Prepare one "
-                            f"with {prepare_hint(root)}.")
+            raise DataError(misplaced_root(root) or f"--data_root {root} holds no prepared dataset (no books_<vocab>/ "
+                                                    f"folder). Prepare one with {prepare_hint(root)}.")
         ds = BooksDataset(root, vocab)
     else:
         roots = data_search_roots()

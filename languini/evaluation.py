@@ -26,9 +26,11 @@ from tqdm import tqdm
 from languini import aux_loss, model_contract, model_parallel
 from languini.books import (
     SLOW_EVAL_PROTOCOLS,
+    SLOW_EVAL_SAMPLES,
     Book,
     distribute,
     eval_batches,
+    first_windows,
     sliding_windows,
     token_count,
     window_plan,
@@ -67,15 +69,19 @@ def fast_positions(books: list[Book], batch_size: int, seq_len: int, max_batches
 
 
 def slow_positions(books: list[Book], seq_len: int, max_windows: int | None, stateful: bool,
-                   protocol: str = "last_n", last_n: int | None = None) -> int:
+                   protocol: str = "last_n", last_n: int | None = None, sample: str = "spread") -> int:
     """Token positions (padding included) Evaluator.slow feeds the model on one process: for planning.
 
-    protocol, last_n: as Evaluator's slow_protocol and slow_last_n (a stateful model reads the split once)."""
+    protocol, last_n, sample: as Evaluator's slow_protocol, slow_last_n and slow_sample (a stateful model reads
+    the split once)."""
     length = _stream_length(books)  # the split as one stream
     if stateful:  # read once in windows of seq_len
         windows = -(-(max(length, 1) - 1) // seq_len)
         if max_windows is not None:
             windows = min(windows, max_windows)
+    elif sample == "first" and max_windows is not None:
+        windows = len(first_windows(window_plan(length, seq_len, last_n or default_last_n(seq_len), "every_target"),
+                                    max_windows * seq_len))
     else:
         windows = len(window_plan(length, seq_len, last_n or default_last_n(seq_len), protocol)[:max_windows])
     return windows * seq_len
@@ -139,16 +145,18 @@ class Evaluator:
                  autocast=contextlib.nullcontext, rank: int = 0, world_size: int = 1,
                  decode: Callable[[list[list[int]]], list[str]] | None = None, slow_protocol: str = "last_n",
                  slow_last_n: int | None = None, frequency: FrequencyBuckets | None = None,
-                 cache: CacheSettings | None = None):
+                 cache: CacheSettings | None = None, slow_sample: str = "spread"):
         self.bytes_per_token = bytes_per_token.to(device)
         self.frequency, self.cache = frequency, cache
         self.vocab_size, self.seq_len, self.device = vocab_size, seq_len, device
         self.batch_size, self.max_batches, self.slow_max_windows = batch_size, max_batches, slow_max_windows
         self.autocast, self.rank, self.world_size, self.decode = autocast, rank, world_size, decode
-        self.slow_protocol = slow_protocol
+        self.slow_protocol, self.slow_sample = slow_protocol, slow_sample
         self.slow_last_n = slow_last_n or default_last_n(seq_len)
         if slow_protocol not in SLOW_EVAL_PROTOCOLS:  # checked now, not after hours of training
             raise ValueError(f"--slow_eval must be one of {', '.join(SLOW_EVAL_PROTOCOLS)}, not {slow_protocol!r}")
+        if slow_sample not in SLOW_EVAL_SAMPLES:
+            raise ValueError(f"--slow_eval_sample must be one of {', '.join(SLOW_EVAL_SAMPLES)}, not {slow_sample!r}")
         if not 0 < self.slow_last_n <= seq_len:
             raise ValueError(f"--slow_eval_last_n must be in 1..seq_len ({seq_len}), not {self.slow_last_n}")
 
@@ -200,14 +208,28 @@ class Evaluator:
         finally:
             model.train(was_training)
 
+    @property
+    def first_targets(self) -> bool:
+        """Whether a capped slow eval scores the split's first max_windows x seq_len targets, whatever the model
+        (--slow_eval_sample first): a stateless model then reads them with the every_target protocol."""
+        return self.slow_sample == "first" and self.slow_max_windows is not None
+
     def slow_protocol_for(self, stateful: bool) -> dict:
-        """How slow() evaluates such a model: the protocol, the window, the targets scored per window and the cap
-        on windows (None: the whole split; else a stream's first windows, or a stateless model's evenly spaced)."""
+        """How slow() evaluates such a model: the protocol, the window, the targets scored per window, the cap
+        on windows (None: the whole split; else a stream's first windows, or a stateless model's evenly spaced)
+        and, when capped, the sample (`first`: the split's first max_windows x seq_len targets; `spread`)."""
+        sample = {} if self.slow_max_windows is None else {
+            "sample": "first" if stateful or self.first_targets else "spread"}
         if stateful:  # as the official LSTM eval.py: windows of seq_len, every target, the state carried
             return {"protocol": "stream", "window": self.seq_len, "last_n": self.seq_len,
-                    "max_windows": self.slow_max_windows}
-        return {"protocol": self.slow_protocol, "window": self.seq_len, "last_n": self.slow_last_n,
-                "max_windows": self.slow_max_windows}
+                    "max_windows": self.slow_max_windows, **sample}
+        return {"protocol": "every_target" if self.first_targets else self.slow_protocol, "window": self.seq_len,
+                "last_n": self.slow_last_n, "max_windows": self.slow_max_windows, **sample}
+
+    def _windows(self, books: list[Book], rank: int, world_size: int):
+        return sliding_windows(books, self.vocab_size, self.seq_len, self.slow_last_n, self.batch_size, rank,
+                               world_size, self.slow_max_windows,
+                               "every_target" if self.first_targets else self.slow_protocol, self.slow_sample)
 
     def slow(self, model, books: list[Book], stateful: bool) -> EvalResult:
         """Batch 1 over the split as one stream: windows of seq_len moved by slow_last_n, scored as
@@ -227,11 +249,9 @@ class Evaluator:
                 elif stateful:
                     batches = eval_batches(books, self.vocab_size, 1, self.seq_len, 0, 1, self.slow_max_windows)
                 else:
-                    batches = sliding_windows(books, self.vocab_size, self.seq_len, self.slow_last_n, self.batch_size,
-                                              0, 1, self.slow_max_windows, self.slow_protocol)
+                    batches = self._windows(books, 0, 1)
             else:
-                batches = sliding_windows(books, self.vocab_size, self.seq_len, self.slow_last_n, self.batch_size,
-                                          self.rank, self.world_size, self.slow_max_windows, self.slow_protocol)
+                batches = self._windows(books, self.rank, self.world_size)
             results = self._run(model, batches, "slow eval", cache)
             return results[0], (results[1] if cache else None)
         finally:
@@ -284,7 +304,9 @@ def describe_slow_protocol(protocol: dict) -> str:
             "last_n": f"windows of {window} moved by {n}, only their last {n} targets scored",
             "every_target": f"windows of {window} moved by {n}, their last {n} targets scored, the first "
                             "window's all"}[protocol["protocol"]]
-    if cap is not None:
+    if cap is not None and protocol.get("sample") == "first":
+        text += f"; the split's first {cap * window:,} targets at most (the same for every model)"
+    elif cap is not None:
         text += (f"; at most the first {cap:,} windows" if protocol["protocol"] == "stream"
                  else f"; at most {cap:,} windows, evenly spaced over the split")
     return text

@@ -65,7 +65,10 @@ class RunConfig:
     wandb: bool = arg(False, "log to Weights & Biases (true/false; offline without an API key)")
     wandb_project: str = arg("languini", "Weights & Biases project")
     tensorboard: bool = arg(False, "log to TensorBoard (true/false; needs the tensorboard package)")
-    dry_run: bool = arg(False, "print the training plan and exit (true/false)")
+    dry_run: bool = arg(False, "print the training plan and exit, writing nothing (true/false)")
+    keep_timing: bool | None = arg(None, "keep this CPU's timing of a model without a row (<out_dir>/throughput.csv) "
+                                         "for the next runs here; default: yes, but not for a dry run (a tool that "
+                                         "plans runs with dry runs sets it)")
     plan_json: str | None = arg(None, "also write the plan (steps, tokens, parameters, expected wall time) to this "
                                       "JSON file, e.g. with --dry_run true for a tool that plans many runs")
     dist_timeout_minutes: float = arg(DIST_TIMEOUT_MINUTES, "with several processes: how long one waits for the "
@@ -190,7 +193,8 @@ def _run(project: str, configs, model_cls, args: argparse.Namespace, stop: StopS
             del whole
     # every process plans the evaluation: its caps, sized to the class, must be the same on all of them
     plan = planning.plan_run(model, model_cls, model_cfg, tcfg, device, ddp.world_size, fwd_flops, dataset, stateful,
-                             settings.cpu_path, rcfg.out_dir, say)
+                             settings.cpu_path, rcfg.out_dir, say,
+                             keep_timing=not rcfg.dry_run if rcfg.keep_timing is None else rcfg.keep_timing)
     if extension is not None:
         plan = extension.plan(plan)
     say(planning.format_plan(plan))
@@ -342,6 +346,9 @@ def check_values(tcfg: TrainConfig, model_cfg) -> None:
     for name in ("seq_len", "vocab_size"):
         if getattr(model_cfg, name) < 1:
             raise ValueError(f"--{name} must be at least 1, got {getattr(model_cfg, name)}.")
+    if tcfg.slow_eval_last_n is not None and not 0 < tcfg.slow_eval_last_n <= model_cfg.seq_len:
+        raise ValueError(f"--slow_eval_last_n must be in 1..seq_len ({model_cfg.seq_len}), not "
+                         f"{tcfg.slow_eval_last_n}.")
     if tcfg.hebbian_limit < 0 or not 0 <= tcfg.hebbian_min_mix <= 1:
         raise ValueError(f"--hebbian_limit must be at least 0 and --hebbian_min_mix in [0, 1], got "
                          f"{tcfg.hebbian_limit} and {tcfg.hebbian_min_mix}.")

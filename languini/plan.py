@@ -59,6 +59,14 @@ STREAM_EVAL_SPEEDUP = 1
 # On the CPU path evaluation is sized to the class: at most this fraction of the expected training time
 # (--eval_budget); a GPU run evaluates as the protocol says unless asked.
 CPU_EVAL_BUDGET = 0.25
+# The final evaluation sized to a CPU class reads a sample fixed by the class, the same for every project (so their
+# numbers compare): the sample a model of this training speed evaluates within the budget (a CPU-sized model on
+# the development 2-core CPU: between lram_gpt's 5,000 tokens/s and the GPT's 26,000). A slower model takes
+# longer than the budget over it, a faster one less; the plan says how long.
+CPU_EVAL_REFERENCE_TOKENS_PER_SECOND = 10_000
+# A --max_steps run on the CPU path evaluates within the budget of its expected training time, but never less than
+# this: a short smoke test may spend a minute evaluating, not the eleven a whole split would take.
+MAX_STEPS_MIN_EVAL_SECONDS = 60
 
 
 def cpu_sized(config_name: str | None) -> bool:
@@ -94,11 +102,13 @@ class EvalCaps:
     slow_eval_max_windows: int | None
     eval_every: int | None
     sized: bool  # the budget lowered a cap or the number of evaluations
+    slow_eval_sample: str = "spread"  # first: the caps are the class's, the same sample for every model
 
     def apply(self, tcfg: TrainConfig) -> TrainConfig:
         return dataclasses.replace(tcfg, eval_max_batches=self.eval_max_batches,
                                    eval_every_max_batches=self.eval_every_max_batches,
-                                   slow_eval_max_windows=self.slow_eval_max_windows, eval_every=self.eval_every)
+                                   slow_eval_max_windows=self.slow_eval_max_windows, eval_every=self.eval_every,
+                                   slow_eval_sample=self.slow_eval_sample)
 
 
 @dataclass(frozen=True)
@@ -309,15 +319,26 @@ def _plan_stages(model, compute_class, global_batch_size, seq_len, registry, ref
 
 def plan_run(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainConfig, device: torch.device,
              world_size: int, flops_per_forward: float | None, dataset, stateful: bool, cpu_path: bool, out_dir: str,
-             say) -> Plan:
+             say, keep_timing: bool = True) -> Plan:
     """The plan of a run of `model` (model_cls(model_cfg)) with these training settings on `world_size` of
     `device`: a --max_steps budget, or a --compute_class one (plan_compute_class), which on the CPU path
     (cpu_path: a CPU-sized config without a GPU) times a model it has no row for (cpu_row). The evaluation it
-    will do is planned from `dataset` (None: not planned); `say` prints the CPU timing's progress."""
+    will do is planned from `dataset` (None: not planned); `say` prints the CPU timing's progress; keep_timing:
+    whether that timing is kept for the next runs here (not by a dry run; never when the machine looked busy)."""
     staged = stages.parse(tcfg.stages, model_cfg.seq_len) if tcfg.stages is not None else None
     local_hw = throughput.local_device_name(device)
     if tcfg.max_steps is not None:
-        return _plan_steps(model, model_cfg, tcfg, local_hw, world_size, flops_per_forward, staged)
+        plan = _plan_steps(model, model_cfg, tcfg, local_hw, world_size, flops_per_forward, staged)
+        fraction = eval_budget(tcfg, cpu_path)
+        if dataset is None or not cpu_path or not fraction:
+            return plan
+        # bounded to the budget of its expected training time here: at this CPU's row if there is one (not timed
+        # now), else at the reference speed
+        row = None if tcfg.tokens_per_second is not None else (
+            kept_row(model, out_dir, local_hw, tcfg) or _registry_row(throughput.registry_path(model.project), model,
+                                                                      dataclasses.replace(tcfg, reference_hardware=local_hw)))
+        rate = row.tokens_per_second * world_size if row else CPU_EVAL_REFERENCE_TOKENS_PER_SECOND
+        return size_evaluation(plan, dataset, tcfg, model_cfg.seq_len, stateful, fraction, cpu_path, rate)
     if tcfg.compute_class is None:
         raise ValueError("Give a budget: --compute_class (e.g. 6h, 24h, 15m, 90s) or --max_steps N.")
     registry = throughput.registry_path(model.project)
@@ -337,9 +358,9 @@ def plan_run(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainConfi
         def this_cpu(spec, cfg, rows=1):  # rows: sequences per stream, so timed at the stage's batch
             timed = dataclasses.replace(tcfg, batch_size=tcfg.batch_size * rows)
             if tcfg.retime:
-                return cpu_row(spec, model_cls, cfg, timed, out_dir, device, say)
+                return cpu_row(spec, model_cls, cfg, timed, out_dir, device, say, keep_timing)
             return (kept_row(spec, out_dir, local_hw, tcfg) or _registry_row(registry, spec, tcfg)
-                    or cpu_row(spec, model_cls, cfg, timed, out_dir, device, say))
+                    or cpu_row(spec, model_cls, cfg, timed, out_dir, device, say, keep_timing))
 
         plan = plan_for(time_stage=this_cpu) if staged else plan_for(this_cpu(model, model_cfg))
     else:
@@ -451,9 +472,11 @@ def kept_row(model: throughput.ModelSpec, out_dir: str, hardware: str, tcfg: Tra
 
 
 def cpu_row(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainConfig, out_dir: str, device: torch.device,
-            say) -> throughput.ThroughputRow:
+            say, keep: bool = True) -> throughput.ThroughputRow:
     """This CPU's row for `model`, timed now (the median of CPU_MEASURE_STEPS training steps after
-    CPU_MEASURE_WARMUP) and kept in <out_dir>/throughput.csv, so later runs (and resumed ones) get the same steps."""
+    CPU_MEASURE_WARMUP) and, if `keep`, kept in <out_dir>/throughput.csv, so later runs (and resumed ones) get the
+    same steps; never kept when the steps' times spread over more than BUSY_SPREAD of their median (a busy
+    machine's timing would fix the steps of every later run)."""
     kept, hardware = Path(out_dir) / "throughput.csv", throughput.local_device_name(device)
     say(f"Timing {model} on this CPU: {CPU_MEASURE_STEPS} training steps at batch {tcfg.batch_size} after "
         f"{CPU_MEASURE_WARMUP} untimed ones...")
@@ -466,14 +489,20 @@ def cpu_row(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainConfig
                                f"fixed batch size; timed by train.py before its run (median of {CPU_MEASURE_STEPS} "
                                f"steps, spread {spread}; micro_batches {tcfg.micro_batches}, grad_clip "
                                f"{tcfg.grad_clip})")
-    throughput.append_row(kept, row)
+    busy = timed.spread is not None and timed.spread > BUSY_SPREAD
+    if keep and not busy:
+        throughput.append_row(kept, row)
+        where = (f"kept in {throughput.display_path(kept)} for the next runs of this model here (--retime true times "
+                 "it again)")
+    else:
+        where = ("not kept: the next run times it again" + (" (a dry run writes nothing; --keep_timing true keeps "
+                                                            "it)" if not keep else ""))
     say(f"Measured {row.tokens_per_second:,.0f} tokens/s (median; the steps' times spread over {spread} of it); "
-        f"kept in {throughput.display_path(kept)} for the next runs of this model here (--retime true times it "
-        "again). Its compute classes are this machine's time.")
-    if timed.spread is not None and timed.spread > BUSY_SPREAD:
+        f"{where}. Its compute classes are this machine's time.")
+    if busy:
         say(f"Warning: the steps' times spread over {timed.spread:.0%} of their median: this machine looks busy, "
-            "so the class will buy another number of steps than on an idle one. Time it again when it is idle "
-            "with --retime true.")
+            "so the class buys another number of steps than on an idle one; the timing is not kept. Train when it "
+            "is idle.")
     return row
 
 
@@ -483,7 +512,8 @@ def eval_work(dataset, tcfg: TrainConfig, seq_len: int, steps: int, stateful: bo
     fast = sum(evaluation.fast_positions(dataset.books(s), tcfg.eval_batch_size, seq_len, tcfg.eval_max_batches)
                for s in held_out)
     slow = sum(evaluation.slow_positions(dataset.books(s), seq_len, tcfg.slow_eval_max_windows, stateful,
-                                         tcfg.slow_eval, tcfg.slow_eval_last_n) for s in held_out)
+                                         tcfg.slow_eval, tcfg.slow_eval_last_n, tcfg.slow_eval_sample)
+               for s in held_out)
     each = evaluation.fast_positions(dataset.books(progress_split(dataset.splits)), tcfg.eval_batch_size, seq_len,
                                      eval_every_max_batches(tcfg))
     return EvalWork(each, progress_evaluations(tcfg, steps), fast + slow, slow if stateful else 0)
@@ -505,33 +535,51 @@ def eval_budget(tcfg: TrainConfig, cpu_path: bool) -> float | None:
 
 
 def size_evaluation(plan: Plan, dataset, tcfg: TrainConfig, seq_len: int, stateful: bool, fraction: float,
-                    cpu_path: bool) -> Plan:
-    """The plan with the evaluation settings of a run whose evaluation may take `fraction` of its expected
-    training time (EvalCaps; `plan` unchanged where nothing changes).
+                    cpu_path: bool, local_rate: float | None = None) -> Plan:
+    """The plan with the evaluation settings of a run whose evaluation may take `fraction` of its training time
+    (EvalCaps; `plan` unchanged where nothing changes).
 
     Every evaluation during training reads the same first batches of the valid split, CPU_PROGRESS_BATCHES on the
     CPU path unless --eval_every_max_batches says otherwise, so that the learning curves of all runs on a dataset
-    compare. Where the flags' settings would take longer than allowed, a third of the allowance goes to the
-    evaluations during training (fewer of them, the last step's always kept) and two thirds to the final one,
-    shared equally by the held-out splits and by the fast and slow evaluation of each; a cap is only ever
-    lowered, and the final fast evaluation reads at least the subset of the evaluations during training. Needs
-    the local throughput (the plan's wall-time estimate); without it, only the subset is set."""
+    compare; there are fewer of them where they would take more than a third of the allowance (the last step's
+    always kept). The final evaluation gets two thirds, shared equally by the held-out splits and by the fast and
+    slow evaluation of each; a cap is only ever lowered, and the final fast evaluation reads at least the subset
+    of the evaluations during training.
+
+    At a compute class on the CPU path the final evaluation's sample is the class's, not the model's: its caps are
+    what a model of CPU_EVAL_REFERENCE_TOKENS_PER_SECOND reads in the allowance, and the slow eval scores the
+    split's first targets (sample `first`), so every project at a class scores the same targets. Otherwise (a
+    --max_steps run, --eval_budget on a GPU) the caps come from the model's own speed here (the plan's local row,
+    else local_rate) and are set only where the flags' evaluation would not fit (a --max_steps run's allowance
+    is at least MAX_STEPS_MIN_EVAL_SECONDS); without either, only the subset is set."""
     progress = tcfg.eval_every_max_batches or (CPU_PROGRESS_BATCHES if cpu_path else None)
     subset = dataclasses.replace(tcfg, eval_every_max_batches=progress)
     progress = eval_every_max_batches(subset)
     work = eval_work(dataset, subset, seq_len, plan.steps, stateful)
     unsized = EvalCaps(fraction, tcfg.eval_max_batches, progress, tcfg.slow_eval_max_windows, tcfg.eval_every, False)
-    allowed = None if plan.local_row is None else fraction * plan.expected_wall_seconds  # seconds
-    if allowed is None or plan.expected_eval_seconds(work.during_training) + plan.expected_eval_seconds(
-            work.final, work.final_in_streams) <= allowed:
-        return dataclasses.replace(plan, eval_caps=unsized if progress != eval_every_max_batches(tcfg) else None,
-                                   evaluation=work)
+    by_class = cpu_path and plan.compute_class is not None
+    here = plan.local_tokens_per_second or local_rate  # this machine's training throughput
+
+    def seconds(positions: int, in_streams: int = 0) -> float:  # as Plan.expected_eval_seconds, at `here`
+        return (positions - in_streams) / (plan.eval_speedup * here) + in_streams / (STREAM_EVAL_SPEEDUP * here)
+
+    if by_class:
+        allowed, rate = fraction * compute_class_seconds(plan.compute_class), CPU_EVAL_REFERENCE_TOKENS_PER_SECOND
+    else:
+        allowed, rate = (None, None) if here is None else (fraction * plan.tokens / here, here)
+        if allowed is not None and plan.compute_class is None:  # a --max_steps run: a smoke test may take a minute
+            allowed = max(allowed, MAX_STEPS_MIN_EVAL_SECONDS)
+        if allowed is None or seconds(work.during_training) + seconds(work.final, work.final_in_streams) <= allowed:
+            return dataclasses.replace(plan, eval_caps=unsized if progress != eval_every_max_batches(tcfg) else None,
+                                       evaluation=work)
     held_out = [s for s in dataset.splits if s != "train"]
-    each = plan.expected_eval_seconds(work.each_during_training)
-    evaluations = min(work.evaluations_during_training, max(int(allowed / 3 // max(each, 1e-9)), 1))
+    evaluations = work.evaluations_during_training
+    if here is not None:
+        evaluations = min(evaluations, max(int(allowed / 3 // max(seconds(work.each_during_training), 1e-9)), 1))
     every = tcfg.eval_every if evaluations == work.evaluations_during_training else -(-plan.steps // evaluations)
-    per_mode = (allowed - evaluations * each) / (2 * max(len(held_out), 1))  # seconds
-    rate = plan.local_tokens_per_second
+    # at a class the final evaluation's share does not depend on the model's evaluations during training
+    final = 2 * allowed / 3 if by_class else allowed - evaluations * seconds(work.each_during_training)
+    per_mode = final / (2 * max(len(held_out), 1))  # seconds
 
     def batches_within(seconds: float, books) -> int:
         per_batch = evaluation.fast_positions(books, tcfg.eval_batch_size, seq_len, 1)
@@ -539,9 +587,13 @@ def size_evaluation(plan: Plan, dataset, tcfg: TrainConfig, seq_len: int, statef
 
     fast_cap = min(batches_within(per_mode, dataset.books(s)) for s in held_out)
     fast_cap = fast_cap if tcfg.eval_max_batches is None else min(tcfg.eval_max_batches, fast_cap)
-    windows = max(int(per_mode * (STREAM_EVAL_SPEEDUP if stateful else plan.eval_speedup) * rate // seq_len), 1)
+    if by_class:  # windows of seq_len targets, read by a stateless model in windows moved by last_n
+        last_n = tcfg.slow_eval_last_n or evaluation.default_last_n(seq_len)
+        windows = max(int(per_mode * plan.eval_speedup * rate * last_n / seq_len // seq_len), 1)
+    else:
+        windows = max(int(per_mode * (STREAM_EVAL_SPEEDUP if stateful else plan.eval_speedup) * rate // seq_len), 1)
     slow_cap = windows if tcfg.slow_eval_max_windows is None else min(tcfg.slow_eval_max_windows, windows)
-    caps = EvalCaps(fraction, fast_cap, progress, slow_cap, every, True)
+    caps = EvalCaps(fraction, fast_cap, progress, slow_cap, every, True, "first" if by_class else "spread")
     return dataclasses.replace(plan, eval_caps=caps,
                                evaluation=eval_work(dataset, caps.apply(tcfg), seq_len, plan.steps, stateful))
 
@@ -632,8 +684,13 @@ def format_plan(plan: Plan) -> str:
     """The plan as `train.py --dry_run` prints it: one line for --max_steps, an aligned table for a compute
     class; its notes below."""
     if plan.compute_class is None:
+        caps = plan.eval_caps
+        bounded = "" if caps is None or not caps.sized else (
+            f"\nEvaluation bounded to the budget of {caps.fraction:.0%} of its training time (--eval_budget; 0 lifts "
+            f"it): {_caps_text(plan)}.")
         return (f"Training {plan.model.project}/{plan.model.config} for --max_steps {plan.steps} (no compute class)"
-                + (f" in stages: {describe_schedule(plan.schedule())}." if plan.stages is not None else "."))
+                + (f" in stages: {describe_schedule(plan.schedule())}." if plan.stages is not None else ".")
+                + bounded)
     rows = [
         ("project / config", f"{plan.model.project} / {plan.model.config}"
                              f"{' ' + plan.model.flags if plan.model.flags else ''}"),
@@ -701,10 +758,24 @@ def _wall_time_rows(plan: Plan) -> list[tuple[str, str]]:
             ("", f"total {_duration(train + during + final)} (the compute class counts training only)"),
         ]
     caps = plan.eval_caps
-    if caps is not None and caps.sized:
+    if caps is not None and caps.sized and caps.slow_eval_sample == "first":
+        rows.append(("evaluation sized", f"to the class, the same sample for every project: what a model of "
+                                         f"{CPU_EVAL_REFERENCE_TOKENS_PER_SECOND:,} tokens/s evaluates in "
+                                         f"{caps.fraction:.0%} of the class (--eval_budget; 0 turns it off): "
+                                         f"{_caps_text(plan)}"))
+        if work is not None and plan.local_row is not None:
+            share = (plan.expected_eval_seconds(work.during_training) + plan.expected_final_eval_seconds()) / train
+            rows.append(("", f"at this model's speed the evaluation takes {share:.0%} of the training time"))
+    elif caps is not None and caps.sized:
         rows.append(("evaluation sized", f"to at most {caps.fraction:.0%} of the training time (--eval_budget; 0 turns "
-                                         f"it off): fast eval {caps.eval_max_batches:,} batches per split, slow eval "
-                                         f"{caps.slow_eval_max_windows:,} windows per split, "
-                                         f"{work.evaluations_during_training} evaluations during training of the same "
-                                         f"{caps.eval_every_max_batches:,} batches"))
+                                         f"it off): {_caps_text(plan)}"))
     return rows
+
+
+def _caps_text(plan: Plan) -> str:
+    caps, work = plan.eval_caps, plan.evaluation
+    slow = (f"the first {caps.slow_eval_max_windows * plan.seq_len:,} targets per split"
+            if caps.slow_eval_sample == "first" else f"{caps.slow_eval_max_windows:,} windows per split")
+    return (f"fast eval {caps.eval_max_batches:,} batches per split, slow eval {slow}, "
+            f"{work.evaluations_during_training} evaluation{'s' * (work.evaluations_during_training != 1)} during "
+            f"training of the same {caps.eval_every_max_batches:,} batches")

@@ -4,8 +4,10 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import time
+import zlib
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -42,11 +44,29 @@ def find_books(src: Path) -> dict[str, list[Path]]:
 
 
 def read_text(path: Path) -> str:
-    data = gzip.open(path).read() if path.name.endswith(".gz") else path.read_bytes()
+    """The book's text; a DataError naming the book when it cannot be read, is not UTF-8 or holds no text."""
     try:
-        return data.decode("utf-8")
+        data = gzip.open(path).read() if path.name.endswith(".gz") else path.read_bytes()
+    except (OSError, EOFError, zlib.error) as e:  # a truncated or corrupt .gz raises any of these
+        raise DataError(f"Cannot read the book {path} ({type(e).__name__}: {e}); fix or remove it.") from e
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise DataError(f"{path} is not UTF-8 text ({e}).") from e
+    if not text.strip():
+        raise DataError(f"The book {path} holds no text; remove it (an empty book would count as a book of the "
+                        "split with no tokens).")
+    return text
+
+
+def check_out_folder(src: Path, out_root: Path):
+    """Refuse an --out that would write into the books folder or nest a dataset in a dataset folder."""
+    if out_root.resolve().is_relative_to(src.resolve()):
+        raise DataError(f"--out {out_root} is inside the books folder {src}: the dataset would be written into the "
+                        "raw corpus. Leave --out out (the repository's data/) or give a folder outside it.")
+    if re.fullmatch(r"\.?books_\d+", out_root.name):
+        raise DataError(f"--out {out_root} looks like a dataset folder; --out is the data root that will hold "
+                        f"books_<vocab>/: pass --out {out_root.parent}.")
 
 
 def _lines(paths: list[Path]):
@@ -81,10 +101,12 @@ def prepare_books(src: str | os.PathLike, out_root: str | os.PathLike, vocab_siz
     """
     src, out_root = Path(src), Path(out_root)
     splits = find_books(src)
+    check_out_folder(src, out_root)
     final = out_root / f"books_{vocab_size}"
     if final.exists() and not overwrite:
         raise DataError(f"{final} already exists; pass --overwrite true to replace it.")
     tmp = out_root / f".books_{vocab_size}.tmp-{os.getpid()}"
+    created = [p for p in (out_root, *out_root.parents) if not p.exists()]  # removed again if this fails
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "files").mkdir(parents=True)
     try:
@@ -132,6 +154,9 @@ def prepare_books(src: str | os.PathLike, out_root: str | os.PathLike, vocab_siz
         os.replace(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        for folder in created:  # innermost first: a failed run leaves no empty output folders behind
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
         raise
     if not quiet:
         total_bytes = sum(c[0] for c in counts)

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from languini import (aux_loss, checkpoint, flops, frequency, hebbian, model_contract, model_parallel, neural_cache,
                       stages)
-from languini.books import SLOW_EVAL_PROTOCOLS, BooksDataset, TrainBatches
+from languini.books import SLOW_EVAL_PROTOCOLS, SLOW_EVAL_SAMPLES, BooksDataset, TrainBatches
 from languini.compute_class import DEFAULT_REFERENCE_HARDWARE
 from languini.evaluation import Evaluator, evaluate_splits
 from languini.flags import arg
@@ -77,6 +77,11 @@ class TrainConfig:
                                                    "CPU-sized config without a GPU)")
     slow_eval_max_windows: int | None = arg(None, "slow eval: cap on windows per split, evenly spaced over it (a "
                                                   "stateful model's: the first ones); None: the whole split")
+    slow_eval_sample: str = arg("spread", "a capped slow eval's sample: spread (--slow_eval_max_windows windows "
+                                "evenly spaced over the split; a stateful model's: the first) or first (the split's "
+                                "first max_windows x seq_len targets, which a stateless model reads with the "
+                                "every_target protocol, so that every model scores the same targets; the caps "
+                                "sized to a CPU class use it)", choices=SLOW_EVAL_SAMPLES)
     eval_budget: float | None = arg(None, "lower the eval caps so that evaluation is expected to take at most this "
                                           "fraction of the training time; None: 0.25 on a CPU (a CPU-sized config "
                                           "without a GPU), no limit on a GPU; 0: no limit")
@@ -139,6 +144,14 @@ def eval_every_max_batches(tcfg: TrainConfig) -> int:
     --eval_max_batches."""
     caps = [c for c in (tcfg.eval_every_max_batches or PROGRESS_BATCHES, tcfg.eval_max_batches) if c is not None]
     return min(caps)
+
+
+PLAIN_PROGRESS_SECONDS = 30  # between the progress lines of a run whose output is not a terminal
+
+
+def _clock(seconds: float) -> str:
+    seconds = round(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def detach(state):
@@ -441,7 +454,8 @@ class Trainer:
         def evaluator(max_batches, cache=None):
             return Evaluator(bytes_per_token, model_cfg.vocab_size, self.seq_len, self.device, tcfg.eval_batch_size,
                              max_batches, tcfg.slow_eval_max_windows, self.autocast, self.ddp.rank, self.ddp.world_size,
-                             decode, tcfg.slow_eval, tcfg.slow_eval_last_n, frequency=self.frequency, cache=cache)
+                             decode, tcfg.slow_eval, tcfg.slow_eval_last_n, frequency=self.frequency, cache=cache,
+                             slow_sample=tcfg.slow_eval_sample)
 
         self.evaluator = evaluator(tcfg.eval_max_batches, neural_cache.settings(tcfg))
         self.progress_evaluator = evaluator(eval_every_max_batches(tcfg))  # the smaller evaluations during training
@@ -590,6 +604,9 @@ class Trainer:
         self._clock = t_mark
         step_logged, seconds_logged = self.step, self.train_seconds
         saved_step = self.step  # the step of the checkpoint on disk (or of the start)
+        # without a bar (a redirected log) a line now and then says how far the run is
+        plain = self.ddp.main and bar.disable
+        first_step, loop_start, line_at = self.step, time.perf_counter(), time.perf_counter()
         try:
             while self.step < last:
                 if stop is not None and stop.agreed(self.ddp.world_size, self.device):
@@ -623,6 +640,13 @@ class Trainer:
                     log.write(row)
                     bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}",
                                     **({"mfu": f"{row['mfu']:.1%}"} if "mfu" in row else {}))
+                    now = time.perf_counter()
+                    if plain and (now - line_at >= PLAIN_PROGRESS_SECONDS or self.step == last):
+                        line_at = now
+                        left = (last - self.step) * (now - loop_start) / (self.step - first_step)
+                        print(f"step {self.step:,}/{total:,} ({self.step / total:.0%}): loss {loss:.3f}, "
+                              f"{tok_s:,.0f} tokens/s" + (f", MFU {row['mfu']:.1%}" if "mfu" in row else "")
+                              + f", {_clock(now - loop_start)} elapsed, about {_clock(left)} left", flush=True)
                 if self.step % eval_every == 0 or self.step == total:
                     self._account_wall("training")
                     started = time.perf_counter()

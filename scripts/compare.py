@@ -119,7 +119,7 @@ def train_command(run: Run, out: Path, common: list[str], plan_json: Path | None
                "--seed", str(run.seed), "--out_dir", str(out / "runs"), "--run_name", run.name, "--resume", "auto",
                *common, *run.entry.flags]
     if plan_json is not None:
-        command += ["--dry_run", "true", "--plan_json", str(plan_json)]
+        command += ["--dry_run", "true", "--plan_json", str(plan_json), "--keep_timing", "true"]
     return command
 
 

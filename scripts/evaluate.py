@@ -28,7 +28,7 @@ import torch
 
 from languini import (checkpoint, datasets, experiment, frequency, model_contract, model_parallel, neural_cache,
                       run_folder, tokenizer)
-from languini.books import SLOW_EVAL_PROTOCOLS, DataError
+from languini.books import SLOW_EVAL_PROTOCOLS, SLOW_EVAL_SAMPLES, DataError
 from languini.evaluation import Evaluator, describe_slow_protocol, evaluate_splits
 from languini.flags import Parser
 from languini.trainer import TrainConfig, close_distributed, init_distributed, precision_for, write_json
@@ -58,6 +58,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help=f"fast eval: batches per split (none: all; default: {RUN_DEFAULT})")
     parser.add_argument("--slow_eval_max_windows", type=optional_int, default=argparse.SUPPRESS,
                         help=f"slow eval: windows per split (none: all; default: {RUN_DEFAULT})")
+    parser.add_argument("--slow_eval_sample", choices=SLOW_EVAL_SAMPLES, default=None,
+                        help=f"a capped slow eval's windows: spread or first (default: {RUN_DEFAULT}; see train.py "
+                             "--help)")
     parser.add_argument("--eval_cache_size", type=optional_int, default=argparse.SUPPRESS,
                         help=f"slow eval: also with a neural cache of this many entries (none: off; default: "
                              f"{RUN_DEFAULT})")
@@ -88,7 +91,7 @@ def run_configs(saved: dict, args: argparse.Namespace) -> tuple[TrainConfig, exp
         return cls(**{k: v for k, v in {**saved, **given}.items() if k in names})
 
     given = {"data_root": args.data_root, "tokenizer": args.tokenizer, "eval_batch_size": args.eval_batch_size,
-             "slow_eval": args.slow_eval, "precision": args.precision, "eval_cache_theta": args.eval_cache_theta,
+             "slow_eval": args.slow_eval, "slow_eval_sample": args.slow_eval_sample, "precision": args.precision, "eval_cache_theta": args.eval_cache_theta,
              "eval_cache_lambda": args.eval_cache_lambda}
     given = {k: v for k, v in given.items() if v is not None}
     given.update({field: getattr(args, field) for field in CAPS if hasattr(args, field)})
@@ -137,7 +140,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
                           device, tcfg.eval_batch_size, tcfg.eval_max_batches, tcfg.slow_eval_max_windows, autocast,
                           ddp.rank, ddp.world_size, sp.decode, tcfg.slow_eval, tcfg.slow_eval_last_n,
                           frequency=frequency.FrequencyBuckets.of_dataset(dataset, model_cfg.vocab_size, ddp.main),
-                          cache=neural_cache.settings(tcfg))
+                          cache=neural_cache.settings(tcfg), slow_sample=tcfg.slow_eval_sample)
     modes = ("fast", "slow") if args.mode == "both" else (args.mode,)
     say(f"Evaluating {run['project']}/{run['config']} at step {ckpt['step']} ({precision}) on {', '.join(splits)}"
         + (f"; slow: {describe_slow_protocol(evaluator.slow_protocol_for(stateful))}" if "slow" in modes

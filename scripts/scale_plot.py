@@ -108,6 +108,8 @@ def evaluation_caps(train: dict | None, mode: str) -> str:
         return "caps not recorded"
     if mode == "slow":
         cap = train.get("slow_eval_max_windows")
+        if cap is not None and train.get("slow_eval_sample") == "first":
+            return f"the split's first {cap} windows of targets"
         return "all windows" if cap is None else f"at most {cap} windows"
     cap = train.get("eval_max_batches")
     return f"{'all' if cap is None else f'at most {cap}'} batches of {train.get('eval_batch_size')} streams"
@@ -137,6 +139,9 @@ def comparability(results: dict, mode: str, split: str) -> tuple[tuple, tuple]:
     # slow rows that name their protocol (how windows move, which targets they score) are keyed by it too
     protocol = tuple(row.get(k) for k in ("protocol", "window", "last_n"))
     protocol_label = f", protocol {protocol[0]} (window {protocol[1]}, last {protocol[2]})" if protocol[0] else ""
+    if row.get("sample") == "first":  # the split's first targets, scored by a stateless or a stateful model alike
+        protocol = ("first targets", row.get("window"))
+        protocol_label = f", the split's first targets in windows of {protocol[1]} (stateless or stateful alike)"
     evaluation_label = (f"{mode} eval on {split}" + (f", {scored:,} tokens scored" if scored is not None else "")
                         + f"{protocol_label} ({caps})")
     return ((dataset_key, (vocab, tokenizer), hardware_key, (mode, split, scored, protocol)),
@@ -239,6 +244,16 @@ def fit_projects(points: list[Point]) -> list[Fit]:
 RISING = "RISING: perplexity grows with compute; check the runs"
 
 
+def format_points(points: list[Point]) -> str:
+    """Every point plotted, by project and compute class: what a project of one class shows (it has no fit)."""
+    rows = [f"{'project':<14} {'class':>8} {'acc. hours':>11} {'total FLOPs':>12} {'norm. perplexity':>17}  run"]
+    for p in sorted(points, key=lambda p: (p.project, p.accelerator_seconds)):
+        flops = "-" if p.total_flops is None else f"{p.total_flops:.3g}"
+        rows.append(f"{p.project:<14} {p.compute_class or '-':>8} {p.accelerator_hours:>11.4g} {flops:>12} "
+                    f"{p.normalised_perplexity:>17.4f}  {p.run}")
+    return "\n".join(rows)
+
+
 def format_fits(fits: list[Fit]) -> str:
     header = f"{'project':<12} {'x':<18} {'runs':>4} {'slope':>9} {'intercept':>10} {'log-log exponent':>17}"
     rows = [f"{f.project:<12} {f.axis:<18} {f.runs:>4} {f.slope:>9.4f} {f.intercept:>10.4f} {f.loglog_exponent:>17.4f}"
@@ -334,6 +349,14 @@ def curve_split(rows: list[dict], mode: str) -> str | None:
 CURVE_X_LABELS = {"accelerator_seconds": "accelerator seconds (reference hardware)", "tokens": "training tokens"}
 
 
+def tokens_label(value: float) -> str:
+    size, unit = next(((size, unit) for size, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")) if value >= size), (1, ""))
+    return f"{value / size:g}{unit}"
+
+
+CURVE_TICK_LABELS = {"accelerator_seconds": lambda value: f"{value:g}", "tokens": tokens_label}
+
+
 @dataclass(frozen=True)
 class Curve:
     """A run's learning curve: its evaluations during training (`points`, all on the same subset of the split),
@@ -344,6 +367,7 @@ class Curve:
     compute_class: str | None
     comparable: tuple = ()  # as Point's: equal tuples, curves that may share a plot
     labels: tuple = ()
+    name: str = ""  # the legend's: project, config, budget and seed (the folder name when unrecorded)
 
 
 def load_curve(run: Path, mode: str, split: str | None, x: str) -> Curve | str:
@@ -372,8 +396,13 @@ def load_curve(run: Path, mode: str, split: str | None, x: str) -> Curve | str:
     comparable = (fingerprint or record.get("dataset"), vocab, hardware, (mode, run_split, subset))
     labels = (f"{record.get('dataset_name')} (fingerprint {fingerprint})" if fingerprint else "dataset not recorded",
               f"{vocab} tokens", hardware, f"{mode} eval on {run_split}, at most {subset} batches")
-    return Curve(run.name, tuple((r[x], r["normalised_perplexity"]) for r in evals), final,
-                 record.get("compute_class") or train.get("compute_class"), comparable, labels)
+    compute_class = record.get("compute_class") or train.get("compute_class")
+    budget = compute_class or (f"{train['max_steps']} steps" if train.get("max_steps") else None)
+    name = (" ".join(str(part) for part in (f"{record['project']}/{record.get('config')}", budget,
+                                            f"seed {train['seed']}" if "seed" in train else None) if part)
+            if record.get("project") else run.name)
+    return Curve(run.name, tuple((r[x], r["normalised_perplexity"]) for r in evals), final, compute_class,
+                 comparable, labels, name)
 
 
 def plot_curves(runs: list[Path], out: Path, mode: str, split: str | None, x: str = "accelerator_seconds",
@@ -398,13 +427,17 @@ def plot_curves(runs: list[Path], out: Path, mode: str, split: str | None, x: st
     elif len(groups) > 1:
         raise SystemExit(describe_groups(groups).replace("fitted together", "drawn together"))
     figure, axis = plt.subplots(figsize=(8, 5))
-    for curve in curves:
-        [line] = axis.plot(*zip(*curve.points), marker=".", label=curve.run)
+    names = [curve.name for curve in curves]
+    for curve in curves:  # two runs of the same name (e.g. --run_name) are told apart by their folders
+        name = curve.name if names.count(curve.name) == 1 else f"{curve.name} ({curve.run})"
+        [line] = axis.plot(*zip(*curve.points), marker=".", label=name)
         if curve.final is not None:
             axis.plot(*curve.final, marker="o", fillstyle="none", linestyle="none", color=line.get_color(),
-                      label=f"{curve.run}: final evaluation (more text than the curve's)")
-    axis.set_xscale("log")
-    axis.xaxis.set_minor_formatter(NullFormatter())
+                      label=f"{name}: final evaluation (more text than the curve's)")
+    xs = [point[0] for curve in curves for point in (*curve.points, *([curve.final] if curve.final else []))]
+    positive = [v for v in xs if v > 0]
+    if positive:
+        readable_log_axis(axis, min(positive), max(positive), CURVE_TICK_LABELS[x])
     axis.set_xlabel(CURVE_X_LABELS[x])
     axis.set_ylabel("normalised perplexity")
     dataset, _, hardware, evaluation = curves[0].labels
@@ -490,7 +523,11 @@ def main(argv=None) -> list[Fit]:
     print(f"dataset {dataset}; reference hardware {hardware}; {evaluation}")
     if capped:
         print(f"warning: {capped}")
+    print(format_points(points))
     print(format_fits(fits) if fits else "no fit: a fit needs runs of two compute classes or more per project")
+    unfitted = sorted({p.project for p in points} - {f.project for f in fits})
+    if fits and unfitted:
+        print(f"not fitted (runs of one compute class; drawn as points): {', '.join(unfitted)}")
     for fit in (f for f in fits if f.rising):
         print(f"warning: {fit.project} over {fit.axis}: slope {fit.slope:+.4f}, {RISING}")
     print(f"wrote {out} ({len(points)} runs)")

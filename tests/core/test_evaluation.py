@@ -215,3 +215,40 @@ def test_planned_positions_read_the_files_when_the_lists_lengths_differ(tmp_path
     model = CountsPositions(False)
     ev.fast(model, books)
     assert model.positions == 4 * 2 * 4
+
+
+class ContextFree(torch.nn.Module):
+    """A loss that depends on the input and target tokens only (no context, no position): the same targets give
+    the same sums whichever windows read them."""
+
+    def __init__(self, stateful: bool):
+        super().__init__()
+        self.stateful, self.positions = stateful, 0
+
+    def forward(self, x, state=None):
+        self.positions += x.numel()
+        logits = torch.zeros(*x.shape, VOCAB).scatter_(2, ((x + 1) % VOCAB).unsqueeze(-1),
+                                                       (x % 7).float().unsqueeze(-1))
+        return logits, torch.ones(1) if self.stateful else None
+
+
+@pytest.mark.parametrize("protocol", ["last_n", "every_target"])
+def test_the_first_targets_sample_scores_the_same_targets_for_stateless_and_stateful_models(data, protocol):
+    # The stream 100..108 EOD 200..203 EOD 300..305 EOD, windows of 4, a cap of 2 windows: the first 8 targets
+    # (101..108) for both. Stateless: windows (0, 1..4), then moved by 1 ending at 5, 6, 7, 8: 5 windows, 20
+    # positions, whatever --slow_eval (the sample reads every target); stateful: 2 windows, 8 positions.
+    books = data.books("test")
+    ev = Evaluator(torch.ones(VOCAB, dtype=torch.long), VOCAB, seq_len=4, device=torch.device("cpu"), batch_size=2,
+                   slow_max_windows=2, slow_protocol=protocol, slow_sample="first")
+    stateless, stateful = ContextFree(False), ContextFree(True)
+    a, b = ev.slow(stateless, books, stateful=False), ev.slow(stateful, books, stateful=True)
+    expected = sum(math.log(VOCAB - 1 + math.exp(x % 7)) - x % 7 for x in range(100, 108))  # one logit x % 7
+    assert a.tokens == b.tokens == 8
+    assert a.loss_sum == pytest.approx(expected, rel=1e-5) and b.loss_sum == pytest.approx(expected, rel=1e-5)
+    assert (stateless.positions, stateful.positions) == (20, 8)
+    assert evaluation.slow_positions(books, 4, 2, False, protocol, None, "first") == 20
+    assert evaluation.slow_positions(books, 4, 2, True, protocol, None, "first") == 8
+    assert ev.slow_protocol_for(stateful=False)["protocol"] == "every_target"
+    assert ev.slow_protocol_for(stateful=False)["sample"] == ev.slow_protocol_for(stateful=True)["sample"] == "first"
+    with pytest.raises(ValueError, match="slow_eval_sample"):
+        Evaluator(torch.ones(VOCAB), VOCAB, seq_len=4, device=torch.device("cpu"), slow_sample="middle")

@@ -169,42 +169,84 @@ def test_plan_units_show_the_number():
     assert planning._scaled(512, planning.TOKEN_UNITS) == "512"
 
 
-def test_evaluation_is_sized_to_a_fraction_of_the_training_time(default_corpus_root, tmp_path, monkeypatch):
-    """On the CPU path a short class cannot spend longer evaluating than training: the caps come down until the
-    plan's evaluation fits in a quarter of its training time (by the plan's own estimate)."""
+def sized_plan(default_corpus_root, tmp_path, monkeypatch, rate, cpu_path=True, stateful=False, **over):
     from languini.books import BooksDataset
-    model, cfg, _ = tiny_gpt_with_stage_rows(tmp_path, monkeypatch, {32: 1280.0})
+    model, cfg, _ = tiny_gpt_with_stage_rows(tmp_path, monkeypatch, {32: rate})
     dataset = BooksDataset(default_corpus_root, 2048)
     tcfg = TrainConfig(compute_class="20s", batch_size=4, reference_hardware="cpu", eval_batch_size=4)
+    return planning.plan_run(model, None, cfg, dataclasses.replace(tcfg, **over), torch.device("cpu"), 1, None,
+                             dataset, stateful, cpu_path, str(tmp_path), print), tcfg
 
-    def plan(cpu_path, **over):
-        return planning.plan_run(model, None, cfg, dataclasses.replace(tcfg, **over), torch.device("cpu"), 1, None,
-                                 dataset, False, cpu_path, str(tmp_path), print)
 
-    full = plan(cpu_path=False)  # a GPU-style run: the protocol's evaluation, whatever it costs
-    assert full.eval_caps is None
+def test_evaluation_is_sized_to_a_fraction_of_the_training_time(default_corpus_root, tmp_path, monkeypatch):
+    """On the CPU path a short class cannot spend longer evaluating than training: a model at the reference speed
+    evaluates within a quarter of its training time (by the plan's own estimate)."""
+    reference = planning.CPU_EVAL_REFERENCE_TOKENS_PER_SECOND
+    full, tcfg = sized_plan(default_corpus_root, tmp_path, monkeypatch, reference / 8, cpu_path=False)
+    assert full.eval_caps is None  # a GPU-style run: the protocol's evaluation, whatever it costs
     full_seconds = full.expected_eval_seconds(full.evaluation.during_training) + full.expected_final_eval_seconds()
-    assert full_seconds > 0.25 * full.expected_wall_seconds  # the default corpus at 1,280 tokens/s: too much
-    sized = plan(cpu_path=True)
+    assert full_seconds > 0.25 * full.expected_wall_seconds  # the default corpus at 1,250 tokens/s: too much
+    sized, _ = sized_plan(default_corpus_root, tmp_path, monkeypatch, reference)
     work = sized.evaluation
     assert sized.expected_eval_seconds(work.during_training) + sized.expected_final_eval_seconds() \
         <= 0.25 * sized.expected_wall_seconds
     caps = sized.eval_caps
     assert caps.fraction == 0.25 and caps.eval_max_batches < 500 and caps.slow_eval_max_windows is not None
     assert sized.training_config(tcfg).slow_eval_max_windows == caps.slow_eval_max_windows
-    assert "evaluation sized" in planning.format_plan(sized) and "--eval_budget" in planning.format_plan(sized)
-    assert plan(cpu_path=True, eval_budget=0.0).eval_caps is None  # 0: no limit
-    assert plan(cpu_path=False, eval_budget=0.25).eval_caps is not None  # asked for on a GPU too
+    assert sized.training_config(tcfg).slow_eval_sample == "first"
+    text = planning.format_plan(sized)
+    assert "evaluation sized" in text and "--eval_budget" in text and "same sample for every project" in text
+    assert sized_plan(default_corpus_root, tmp_path, monkeypatch, reference, eval_budget=0.0)[0].eval_caps is None
+    asked, _ = sized_plan(default_corpus_root, tmp_path, monkeypatch, reference / 8, cpu_path=False, eval_budget=0.25)
+    assert asked.eval_caps is not None and asked.eval_caps.slow_eval_sample == "spread"  # asked for on a GPU too
 
 
-def test_a_stream_read_at_batch_1_is_planned_at_the_training_throughput(tmp_path):
-    """A stateful model's slow evaluation reads each split as one stream at batch 1: planned at 1x, not 1.5x."""
-    model = tp.model_spec("gpt", "cpu")
-    registry = tmp_path / "throughput.csv"
-    tp.append_row(registry, tp.ThroughputRow("gpt", "cpu", model.fingerprint, "", "cpu", 16, 128, 1000.0, None, "fp32",
-                                             False, "2.13.0", "2026-01-01", "measured"))
-    work = planning.EvalWork(each_during_training=2048, evaluations_during_training=9, final=30720,
-                             final_in_streams=6000)
-    plan = planning.plan_compute_class(model, "2m", 16, 128, registry, reference_hardware="cpu", local_hardware="cpu",
-                                       evaluation=work)
-    assert plan.expected_final_eval_seconds() == pytest.approx(24720 / 1500 + 6000 / 1000)  # on a CPU: 1.5x and 1x
+def test_every_model_at_a_cpu_class_gets_the_same_evaluation_sample(default_corpus_root, tmp_path, monkeypatch):
+    """The final evaluation's caps at a CPU class do not depend on the model's speed nor on its being stateful;
+    the plan says how long the slow model's evaluation takes against its training."""
+    reference = planning.CPU_EVAL_REFERENCE_TOKENS_PER_SECOND
+    plans = [sized_plan(default_corpus_root, tmp_path, monkeypatch, rate, stateful=stateful)[0]
+             for rate, stateful in ((reference / 5, False), (reference * 3, False), (reference / 2, True))]
+    caps = {(p.eval_caps.eval_max_batches, p.eval_caps.slow_eval_max_windows, p.eval_caps.slow_eval_sample)
+            for p in plans}
+    assert len(caps) == 1 and caps.pop()[2] == "first"
+    assert "at this model's speed the evaluation takes" in planning.format_plan(plans[0])
+
+
+def test_a_max_steps_run_on_a_cpu_bounds_its_evaluation(default_corpus_root, tmp_path, monkeypatch):
+    """A --max_steps run evaluates within the budget of its expected training time here (its CPU row, else the
+    reference speed), or a minute if that is more; the plan says so. The issue: 20 steps trained 10 s then evaluated for over 11 minutes."""
+    monkeypatch.setattr(planning, "MAX_STEPS_MIN_EVAL_SECONDS", 0.05)  # the default corpus evaluates in seconds
+    reference = planning.CPU_EVAL_REFERENCE_TOKENS_PER_SECOND
+    plan, tcfg = sized_plan(default_corpus_root, tmp_path, monkeypatch, reference, compute_class=None, max_steps=20)
+    caps = plan.eval_caps
+    # 20 steps x 4 x 32 tokens at 10,000 tokens/s: 0.256 s of training, 0.064 s of evaluation allowed: the least
+    # evaluation there is, the subset of the evaluations during training and one window, once
+    assert caps is not None and caps.sized and caps.slow_eval_sample == "spread"
+    assert (caps.eval_max_batches, caps.slow_eval_max_windows) == (planning.CPU_PROGRESS_BATCHES, 1)
+    assert plan.evaluation.evaluations_during_training == 1
+    monkeypatch.setattr(planning, "MAX_STEPS_MIN_EVAL_SECONDS", 60)
+    minute, _ = sized_plan(default_corpus_root, tmp_path, monkeypatch, reference, compute_class=None, max_steps=20)
+    assert minute.eval_caps is None or not minute.eval_caps.sized  # its whole evaluation fits in a minute
+    assert "Evaluation bounded" in planning.format_plan(plan)
+    unbounded, _ = sized_plan(default_corpus_root, tmp_path, monkeypatch, reference, compute_class=None,
+                              max_steps=20, cpu_path=False)
+    assert unbounded.eval_caps is None and "Evaluation bounded" not in planning.format_plan(unbounded)
+
+
+@pytest.mark.parametrize("keep, spread, kept", [(True, 0.1, True), (False, 0.1, False), (True, 1.07, False)])
+def test_a_cpu_timing_is_kept_only_by_a_real_run_on_a_quiet_machine(tmp_path, monkeypatch, keep, spread, kept):
+    """The issue: a dry run's 15-step timing, spread 107%, fixed the steps of later runs. A dry run writes
+    nothing, and a timing whose spread says the machine was busy is not kept (the run still uses it)."""
+    from languini import measure
+    from projects.gpt import configs
+
+    cfg = configs.get("cpu", seq_len=32, d_model=32, n_layers=1, n_heads=2, d_head=16)
+    timed = measure.Measurement(4, 1234.0, 0.1, None, spread)
+    monkeypatch.setattr(measure, "measure_batch_size", lambda *args: timed)
+    said = []
+    row = planning.cpu_row(tp.model_spec("gpt", "cpu", cfg), lambda c: torch.nn.Linear(1, 1), cfg,
+                           TrainConfig(batch_size=4), str(tmp_path), torch.device("cpu"), said.append, keep)
+    assert row.tokens_per_second == 1234.0
+    assert (tmp_path / "throughput.csv").exists() == kept
+    assert ("not kept" in said[-2 if spread > planning.BUSY_SPREAD else -1]) == (not kept)

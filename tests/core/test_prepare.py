@@ -125,3 +125,40 @@ def prepare_script():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.mark.parametrize("name, content, error", [
+    ("cut.txt.gz", gzip.compress(b"a book that was cut short " * 50)[:-30], "Cannot read the book .*cut.txt.gz"),
+    ("empty.txt", b" \n\n", "The book .*empty.txt holds no text"),
+])
+def test_a_truncated_or_empty_book_is_named_and_leaves_no_output_folder(books_folder, prepared, tmp_path, name,
+                                                                       content, error):
+    src = tmp_path / "src"
+    (src / "train").mkdir(parents=True)
+    (src / "train" / "good.txt").write_text("fine text")
+    (src / "train" / name).write_bytes(content)
+    out = tmp_path / "new" / "out"  # created by the run, so removed by its failure
+    with pytest.raises(DataError, match=error):
+        prepare_books(src, out, vocab_size=600, tokenizer_model=BooksDataset(prepared, 600).tokenizer_path(),
+                      workers=1, quiet=True)
+    assert not (tmp_path / "new").exists()
+
+
+def test_an_out_folder_in_the_corpus_or_a_dataset_folder_is_refused(books_folder, tmp_path):
+    with pytest.raises(DataError, match="written into the raw corpus"):
+        prepare_books(books_folder, books_folder / "prepared", quiet=True)
+    with pytest.raises(DataError, match="pass --out .*data"):
+        prepare_books(books_folder, tmp_path / "data" / "books_16384", quiet=True)
+    assert not (books_folder / "prepared").exists() and not (tmp_path / "data").exists()
+
+
+def test_a_misplaced_data_root_names_the_right_one(books_folder, prepared):
+    """--data_root given the dataset folder itself, or the raw books: the error names the parent, or the command
+    that prepares the books into data/ (not an --out into the corpus, nor a nested dataset)."""
+    from languini.datasets import misplaced_root
+
+    dataset = prepared / "books_600"
+    assert f"--data_root {prepared}" in misplaced_root(dataset)
+    raw = misplaced_root(books_folder)
+    assert f"prepare_books.py {books_folder}" in raw and "--out" not in raw
+    assert misplaced_root(prepared) is None  # a data root: not misplaced

@@ -283,3 +283,53 @@ def test_slow_eval_protocols_are_not_fitted_together(scale_plot, tmp_path):
         write_run(tmp_path, name, "gpt", f"{hours}h", hours, 1e18, 2.0, **BOOKS, eval=evaluation)
     with pytest.raises(SystemExit, match="differ in evaluation:(.|\n)*protocol last_n \\(window 512, last 64\\)"):
         scale_plot.main([str(tmp_path), "--out", str(tmp_path / "s.png")])
+
+
+def test_the_first_targets_sample_fits_stateless_and_stateful_models_together(scale_plot, tmp_path, capsys):
+    """The issue's walkthrough pair: a GPT (windows, every_target) and a qLSTM (one stream) that scored the
+    split's same first targets (the caps sized to a CPU class) are fitted together; the same pair under their
+    own protocols over the whole split is not."""
+    for name, project, hours, protocol, sample in (("g1", "gpt", 6, "every_target", "first"),
+                                                   ("g2", "gpt", 12, "every_target", "first"),
+                                                   ("q1", "qlstm", 6, "stream", "first"),
+                                                   ("q2", "qlstm", 12, "stream", "first")):
+        evaluation = slow_test_eval(2.0 + hours / 100)
+        evaluation["slow"]["test"].update(protocol=protocol, window=512, last_n=128 if project == "gpt" else 512,
+                                          max_windows=4, sample=sample)
+        write_run(tmp_path / "first", name, project, f"{hours}h", hours, 1e18, 2.0, **{
+            **BOOKS, "train_config": {"slow_eval_max_windows": 4, "slow_eval_sample": sample}}, eval=evaluation)
+    scale_plot.main([str(tmp_path / "first"), "--out", str(tmp_path / "s.png")])
+    assert "first 4 windows of targets" in capsys.readouterr().out
+    for name, project, hours, protocol in (("g1", "gpt", 6, "last_n"), ("q1", "qlstm", 6, "stream")):
+        evaluation = slow_test_eval(2.0)
+        evaluation["slow"]["test"].update(protocol=protocol, window=512, last_n=128 if project == "gpt" else 512)
+        write_run(tmp_path / "whole", name, project, f"{hours}h", hours, 1e18, 2.0, **BOOKS, eval=evaluation)
+    with pytest.raises(SystemExit, match="differ in evaluation"):
+        scale_plot.main([str(tmp_path / "whole"), "--out", str(tmp_path / "w.png")])
+
+
+def test_learning_curves_are_labelled_by_run_and_their_axis_has_readable_ticks(scale_plot, tmp_path, monkeypatch):
+    """Legends name the project, config, class and seed (not folder names); the log axis carries several ticks,
+    however narrow the curves' range."""
+    figures = []
+    monkeypatch.setattr(scale_plot.plt, "close", figures.append)
+    curve = [(60.0, 4.0), (90.0, 3.0), (120.0, 2.5)]
+    for name, seed in (("run_a", 0), ("run_b", 1)):
+        write_run(tmp_path, name, "gpt", "2m", 1, 1e16, 2.5, mode="fast", curve=curve,
+                  train_config={"seed": seed, "compute_class": "2m"})
+    scale_plot.main([str(tmp_path), "--out", str(tmp_path / "c.png"), "--curves"])
+    axis = figures[0].axes[0]
+    legend = [t.get_text() for t in axis.get_legend().get_texts() if "final" not in t.get_text()]
+    assert legend == ["gpt/small 2m seed 0", "gpt/small 2m seed 1"]
+    figures[0].canvas.draw()
+    labels = [t.get_text() for t in axis.get_xticklabels() if t.get_text()]
+    assert len(labels) >= 3 and "100" in labels
+
+
+def test_a_project_of_one_class_is_printed_with_its_numbers(scale_plot, tmp_path, capsys):
+    for name, project, hours, ppl in (("g6", "gpt", 6, 2.26), ("g12", "gpt", 12, 2.2), ("q6", "qlstm", 6, 2.52)):
+        write_run(tmp_path, name, project, f"{hours}h", hours, 1e18 * hours, ppl, **BOOKS,
+                  eval=slow_test_eval(ppl))
+    scale_plot.main([str(tmp_path), "--out", str(tmp_path / "s.png")])
+    out = capsys.readouterr().out
+    assert "2.5200" in out and "not fitted (runs of one compute class; drawn as points): qlstm" in out
