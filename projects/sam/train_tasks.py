@@ -31,11 +31,16 @@ OPTIMIZERS = ("rmsprop", "adam")
 def train(task: str, kind: str, cpu_seconds: float, seed: int = 0, batch: int = 8, lr: float = 1e-3,
           optimizer: str = "rmsprop", curriculum: bool = False, threshold: float | None = None, log_every: int = 25,
           eval_batches: int = 20, bits: int = 8, clip: float = 10.0, max_batches: int | None = None,
-          wall_seconds: float | None = None, start_level: int | None = None, say=None, **memory) -> dict:
+          wall_seconds: float | None = None, start_level: int | None = None, say=None, eval_every: float = 0.0,
+          curve_batches: int = 10, **memory) -> dict:
     """Train one model for cpu_seconds of CPU time (or max_batches, or wall_seconds of wall time, whichever ends
     first); returns its curve ([cpu seconds, sequences, level bound, cost per sequence]) and the final
     evaluation. start_level: the curriculum's first bound h, levels drawn from [1, h] (default the task's
-    smallest size, e.g. 3 pairs for recall). say(text): where the curve's points go as they come."""
+    smallest size, e.g. 3 pairs for recall). say(text): where the curve's points go as they come.
+    eval_every > 0: every eval_every CPU seconds, also evaluate on the same curve_batches minibatches over the
+    task's whole range (the evaluation's CPU time is not charged to the budget): `eval_curve`, [cpu seconds,
+    sequences, cost per sequence, bit errors per sequence], comparable across models where the training cost is
+    not (the curriculum's level differs between them)."""
     torch.manual_seed(seed)
     task_spec = tasks.spec(task, bits)
     cfg = replace(MemoryConfig(), kind=kind, **memory)
@@ -55,10 +60,22 @@ def train(task: str, kind: str, cpu_seconds: float, seed: int = 0, batch: int = 
     # bound, unless given
     schedule = tasks.Curriculum(low, high, threshold or 0.25 * bits * (first if task == "copy" else 1),
                                 enabled=curriculum, start=first)
-    curve, recent, sequences, batches = [], [], 0, 0
+    curve, eval_curve, recent, sequences, batches = [], [], [], 0, 0
     start, wall_start = time.process_time(), time.perf_counter()
+
+    def point():
+        nonlocal start
+        began = time.process_time()
+        scores = evaluate(model, task, batch, curve_batches, seed + 3, bits)
+        eval_curve.append([round(began - start, 2), sequences, scores["eval_cost"], scores["eval_errors"]])
+        start += time.process_time() - began  # not charged to the training budget
+
+    next_point = 0.0
     while (time.process_time() - start < cpu_seconds and (max_batches is None or batches < max_batches)
            and (wall_seconds is None or time.perf_counter() - wall_start < wall_seconds)):
+        if eval_every > 0 and time.process_time() - start >= next_point:
+            point()
+            next_point += eval_every
         x, y, mask = tasks.episode(task, batch, schedule.level(generator), generator, bits)
         logits, _ = model(x)
         cost = tasks.cost_per_sequence(logits, y, mask)
@@ -75,10 +92,12 @@ def train(task: str, kind: str, cpu_seconds: float, seed: int = 0, batch: int = 
             if say:
                 say(f"  {curve[-1][0]:7.1f} cpu s  {sequences:7d} sequences  level <= {schedule.h:3d}  "
                     f"cost/sequence {curve[-1][3]:8.3f} bits")
+    if eval_every > 0:
+        point()
     return {"task": task, "kind": kind, "optimizer": type(optimizer).__name__, "lr": lr, "curriculum": curriculum,
             "start_level": first if curriculum else None, "initial_strength": cfg.initial_strength,
             "cpu_seconds": round(time.process_time() - start, 1), "sequences": sequences,
-            "level": schedule.h, "curve": curve, **evaluate(model, task, batch, eval_batches, seed + 2, bits)}
+            "level": schedule.h, "curve": curve, "eval_curve": eval_curve, **evaluate(model, task, batch, eval_batches, seed + 2, bits)}
 
 
 @torch.no_grad()

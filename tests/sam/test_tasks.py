@@ -125,3 +125,35 @@ def test_initial_read_strength():
                           hidden=8)
     with pytest.raises(ValueError, match="the curriculum's first bound"):
         train_tasks.train("recall", "sam", cpu_seconds=1, max_batches=1, start_level=2, words=16, hidden=8)
+
+
+def test_curves_over_the_whole_range_are_not_charged_to_the_budget():
+    """eval_every: evaluations at 0, 1, ... CPU seconds of training and at the end (here 2), their own CPU time
+    left out of the budget (so every model trains for the same seconds however slowly it evaluates)."""
+    from projects.sam.train_tasks import train
+
+    torch.set_num_threads(1)
+    result = train("recall", "lstm", 2.0, eval_every=1.0, curve_batches=30, eval_batches=1)
+    seconds = [point[0] for point in result["eval_curve"]]
+    assert len(seconds) == 3 and seconds[0] == 0.0  # 0, 1 and the end
+    assert seconds[1:] == pytest.approx([1.0, 2.0], abs=0.2)
+    assert 2.0 <= result["cpu_seconds"] < 2.3
+    assert all(point[2] > 0 and 0 <= point[3] <= 8 for point in result["eval_curve"])  # bits; of 8 answered
+
+
+def test_the_figure_grid_writes_each_run_resumes_and_reports(tmp_path, capsys):
+    from projects.sam import figure_3_4
+
+    argv = ["--out", str(tmp_path), "--tasks", "recall", "--models", "lstm", "sam", "--seeds", "0", "--cpu_seconds",
+            "recall=0.5", "--points", "2", "--jobs", "1"]
+    figure_3_4.main(argv)
+    out = capsys.readouterr().out
+    assert "2 runs to do" in out and sorted(p.name for p in (tmp_path / "runs").iterdir()) == [
+        "recall_lstm_s0.json", "recall_sam_s0.json"]
+    table = (tmp_path / "table.md").read_text().splitlines()
+    assert len(table) == 4 and table[2].startswith("| recall | lstm | 1 |")
+    assert (tmp_path / "figure_3_4.png").read_bytes().startswith(b"\x89PNG")
+    figure_3_4.main(argv)  # every run there: nothing trained again
+    assert "0 runs to do" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="task=seconds"):
+        figure_3_4.main(argv[:-6] + ["--cpu_seconds", "recal=1"])
