@@ -29,7 +29,9 @@ def count_tokens(dataset: BooksDataset, vocab_size: int, show_progress: bool = T
     """How often each token id occurs in the training stream: every train book and one end-of-document token each."""
     counts = np.zeros(vocab_size, dtype=np.int64)
     books = dataset.books("train")
-    for book in tqdm(books, desc="counting training tokens", unit="book", disable=None if show_progress else True, leave=False):  # None: only on a terminal
+    # disable=None: a bar only on a terminal, so that redirected logs hold no bar fragments
+    for book in tqdm(books, desc="counting training tokens", unit="book", disable=None if show_progress else True,
+                     leave=False):
         tokens = np.load(book.path, mmap_mode="r")
         if tokens.size and int(tokens.max()) >= vocab_size:
             raise DataError(f"Token id {int(tokens.max())} >= vocab size {vocab_size} in {book.path}.")

@@ -334,9 +334,10 @@ def plan_run(model: throughput.ModelSpec, model_cls, model_cfg, tcfg: TrainConfi
             return plan
         # bounded to the budget of its expected training time here: at this CPU's row if there is one (not timed
         # now), else at the reference speed
+        here = dataclasses.replace(tcfg, reference_hardware=local_hw)
         row = None if tcfg.tokens_per_second is not None else (
-            kept_row(model, out_dir, local_hw, tcfg) or _registry_row(throughput.registry_path(model.project), model,
-                                                                      dataclasses.replace(tcfg, reference_hardware=local_hw)))
+            kept_row(model, out_dir, local_hw, tcfg)
+            or _registry_row(throughput.registry_path(model.project), model, here))
         rate = row.tokens_per_second * world_size if row else CPU_EVAL_REFERENCE_TOKENS_PER_SECOND
         return size_evaluation(plan, dataset, tcfg, model_cfg.seq_len, stateful, fraction, cpu_path, rate)
     if tcfg.compute_class is None:

@@ -97,7 +97,8 @@ def train(task: str, kind: str, cpu_seconds: float, seed: int = 0, batch: int = 
     return {"task": task, "kind": kind, "optimizer": type(optimizer).__name__, "lr": lr, "curriculum": curriculum,
             "start_level": first if curriculum else None, "initial_strength": cfg.initial_strength,
             "cpu_seconds": round(time.process_time() - start, 1), "sequences": sequences,
-            "level": schedule.h, "curve": curve, "eval_curve": eval_curve, **evaluate(model, task, batch, eval_batches, seed + 2, bits)}
+            "level": schedule.h, "curve": curve, "eval_curve": eval_curve,
+            **evaluate(model, task, batch, eval_batches, seed + 2, bits)}
 
 
 @torch.no_grad()

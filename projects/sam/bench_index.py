@@ -1,0 +1,142 @@
+"""Recall@K against time of SAM's approximate indexes (thesis 3.2.7) on random words: what fraction of the exact
+top-K by cosine each index returns, and what one stream's step costs it (H queries, then H words overwritten, as
+SAM reads and writes), against N.
+
+Indexes: FAISS IVF (flat lists, inner product on unit vectors; `ivf<nlist>x<nprobe>`, nlist 0: round(sqrt(N)))
+as index.py builds it, and FAISS HNSW (`hnsw<M>x<efSearch>`), which cannot remove a vector: an overwritten word
+is added again under a new id and its stale copy skipped when found (searching a few more than K), as an index
+supporting SAM's overwrites would. One thread, one stream; the exact scan's time beside.
+
+    python projects/sam/bench_index.py --words 10 16 20 --csv index_recall.csv
+"""
+import argparse
+import csv
+import math
+import sys
+import time
+
+import numpy as np
+
+from languini.flags import Parser
+
+DEFAULT_INDEXES = ["ivf0x4", "ivf0x16", "ivf0x64", "ivf0x256", "hnsw16x32", "hnsw16x64", "hnsw32x128"]
+
+
+def unit(rows: np.ndarray) -> np.ndarray:
+    return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+
+
+class Hnsw:
+    """HNSW over the words with overwrites: a word's current copy is the id last added for it."""
+
+    def __init__(self, faiss, words: np.ndarray, m: int, ef: int):
+        self.index = faiss.IndexHNSWFlat(words.shape[1], m, faiss.METRIC_INNER_PRODUCT)
+        self.index.hnsw.efConstruction = 40
+        self.index.hnsw.efSearch = ef
+        self.index.add(words)
+        self.word_of = list(range(len(words)))  # FAISS id -> word
+        self.current = np.arange(len(words))  # word -> its live FAISS id
+
+    def search(self, queries: np.ndarray, k: int) -> np.ndarray:
+        _, ids = self.index.search(queries, 2 * k)  # stale copies are skipped
+        out = np.empty((len(queries), k), dtype=np.int64)
+        for row, found in enumerate(ids):
+            live = [self.word_of[i] for i in found if i >= 0 and self.current[self.word_of[i]] == i]
+            out[row] = (live + [-1] * k)[:k]
+        return out
+
+    def write(self, word_ids: np.ndarray, rows: np.ndarray) -> None:
+        self.current[word_ids] = np.arange(len(self.word_of), len(self.word_of) + len(word_ids))
+        self.word_of.extend(int(w) for w in word_ids)
+        self.index.add(rows)
+
+
+class Ivf:
+    def __init__(self, faiss, words: np.ndarray, nlist: int, nprobe: int):
+        self.index = faiss.IndexIVFFlat(faiss.IndexFlatIP(words.shape[1]), words.shape[1], nlist,
+                                        faiss.METRIC_INNER_PRODUCT)
+        sample = words[np.random.default_rng(0).choice(len(words), min(len(words), 40 * nlist), replace=False)]
+        self.index.train(sample)
+        self.index.set_direct_map_type(faiss.DirectMap.Hashtable)
+        self.index.nprobe = nprobe
+        self.index.add_with_ids(words, np.arange(len(words), dtype=np.int64))
+
+    def search(self, queries: np.ndarray, k: int) -> np.ndarray:
+        return self.index.search(queries, k)[1]
+
+    def write(self, word_ids: np.ndarray, rows: np.ndarray) -> None:
+        self.index.remove_ids(word_ids.astype(np.int64))
+        self.index.add_with_ids(rows, word_ids.astype(np.int64))
+
+
+def build(faiss, name: str, words: np.ndarray):
+    """An index named ivf<nlist>x<nprobe> or hnsw<M>x<efSearch> over the words."""
+    kind = "ivf" if name.startswith("ivf") else "hnsw"
+    if not name.startswith(("ivf", "hnsw")) or name[len(kind):].count("x") != 1:
+        raise SystemExit(f"an index is exact, ivf<nlist>x<nprobe> or hnsw<M>x<efSearch>, not {name!r}")
+    a, b = (int(v) for v in name[len(kind):].split("x"))
+    if kind == "ivf":
+        nlist = a or max(1, round(math.sqrt(len(words))))
+        return Ivf(faiss, words, nlist, min(b, nlist))
+    return Hnsw(faiss, words, a, b)
+
+
+def exact_top_k(queries: np.ndarray, words: np.ndarray, k: int) -> np.ndarray:
+    return np.argpartition(-(queries @ words.T), k, axis=1)[:, :k]
+
+
+def measure(faiss, name: str, log2_words: int, width: int, heads: int, k: int, steps: int, seed: int = 0) -> dict:
+    """Recall@k over `steps` steps of one stream (heads queries, then heads words overwritten), against the exact
+    top-k of the memory each search saw; the median step time (search and index update)."""
+    rng = np.random.default_rng(seed)
+    n = 2 ** log2_words
+    words = unit(rng.standard_normal((n, width)))
+    started = time.perf_counter()
+    index = None if name == "exact" else build(faiss, name, words)
+    build_seconds = time.perf_counter() - started
+    hits, step_seconds = 0, []
+    for _ in range(steps):
+        queries = unit(rng.standard_normal((heads, width)))
+        exact = exact_top_k(queries, words, k)
+        started = time.perf_counter()
+        found = exact_top_k(queries, words, k) if index is None else index.search(queries, k)
+        written = rng.choice(n, heads, replace=False)  # SAM overwrites a word per head
+        words[written] = unit(rng.standard_normal((heads, width)))
+        if index is not None:
+            index.write(written, words[written])
+        step_seconds.append(time.perf_counter() - started)
+        hits += sum(len(set(f.tolist()) & set(e.tolist())) for f, e in zip(found, exact))
+    return {"index": name, "words": f"2^{log2_words}", "recall_at_k": hits / (steps * heads * k),
+            "ms_per_step": 1000 * float(np.median(step_seconds)), "build_seconds": round(build_seconds, 2)}
+
+
+def main(argv=None):
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--words", type=int, nargs="+", default=[10, 16, 20], help="log2 N")
+    parser.add_argument("--indexes", nargs="+", default=["exact", *DEFAULT_INDEXES])
+    parser.add_argument("--width", type=int, default=32, help="W (A.2)")
+    parser.add_argument("--heads", type=int, default=4, help="queries and written words per step (A.1: 4 heads)")
+    parser.add_argument("--k", type=int, default=4, help="K (A.1)")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--csv", default=None)
+    args = parser.parse_args(argv)
+    import faiss
+
+    faiss.omp_set_num_threads(1)
+    rows = []
+    for log2_words in args.words:
+        for name in args.indexes:
+            row = measure(faiss, name, log2_words, args.width, args.heads, args.k, args.steps)
+            rows.append(row)
+            print(f"{row['words']:>5} {name:<12} recall@{args.k} {row['recall_at_k']:.3f}  "
+                  f"{row['ms_per_step']:8.3f} ms/step  (built in {row['build_seconds']:.1f} s)", flush=True)
+    if args.csv:
+        with open(args.csv, "w", newline="") as file:
+            writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
