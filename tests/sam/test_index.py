@@ -51,3 +51,26 @@ def test_sam_core_with_an_exhaustive_faiss_index_computes_what_it_computes_with_
     torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=1e-5)
     for a, b in zip(*grads):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_the_recall_benchmark_counts_what_an_index_finds():
+    """bench_index.py: the exact scan and an exhaustive IVF (nprobe = nlist) find every nearest word through the
+    overwrites (recall 1); an IVF probing 1 of 8 lists on random words finds fewer; an HNSW graph's stale copies
+    of overwritten words are never returned."""
+    from projects.sam import bench_index
+
+    for name, recall in (("exact", 1.0), ("ivf8x8", 1.0)):
+        assert bench_index.measure(faiss, name, 8, 16, 4, 4, 30)["recall_at_k"] == recall
+    assert bench_index.measure(faiss, "ivf8x1", 8, 16, 4, 4, 30)["recall_at_k"] < 0.9
+    g = torch.Generator().manual_seed(0)
+    words = bench_index.unit(torch.randn(64, 16, generator=g).numpy())
+    graph = bench_index.build(faiss, "hnsw8x64", words)
+    new = bench_index.unit(torch.randn(1, 16, generator=g).numpy())
+    graph.write(torch.tensor([5]).numpy(), new)
+    old_nearest = graph.search(words[5:6], 1)[0, 0]  # the old word 5's vector: its stale copy (cosine 1) skipped
+    others = words @ words[5]
+    others[5] = -2.0
+    assert old_nearest == others.argmax() and float((new @ words[5])[0]) < others.max()  # not 5: another word
+    assert graph.search(new, 1)[0, 0] == 5  # the new word 5 is found as itself
+    with pytest.raises(SystemExit, match="ivf<nlist>x<nprobe>"):
+        bench_index.build(faiss, "flat", words)
