@@ -110,6 +110,68 @@ def measure(faiss, name: str, log2_words: int, width: int, heads: int, k: int, s
             "ms_per_step": 1000 * float(np.median(step_seconds)), "build_seconds": round(build_seconds, 2)}
 
 
+def trained_words(run: str, log2_words: int, tokens: int, queries: int, split: str = "valid", data_root=None):
+    """Run a trained SAM language model (a run folder of projects/sam/train.py) over the first `tokens` tokens of
+    `split`, one stream, with 2^log2_words words (exact search): its memory at the end, unit rows of the written
+    words (n, W), and the read queries of its last `queries` steps (heads each), unit rows."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from languini.books import BooksDataset, eval_batches
+    from projects.sam import core
+    from projects.sam.configs import ModelConfig
+    from projects.sam.model import Model
+
+    saved = json.loads((Path(run) / "config.json").read_text())
+    cfg = ModelConfig(**{**saved["model"], "words": 2 ** log2_words, "index": "exact"})
+    model = Model(cfg).eval()
+    model.load_state_dict(torch.load(Path(run) / "checkpoint.pt", weights_only=False)["model"])
+    dataset = BooksDataset(data_root or saved["train"].get("data_root") or "data", cfg.vocab_size)
+    asked, search = [], core.search
+
+    def recording(query, memory, k, *rest):
+        asked.append(query[0].detach().clone())
+        del asked[:-queries]
+        return search(query, memory, k, *rest)
+
+    core.search, state, read = recording, None, 0
+    try:
+        with torch.no_grad():
+            for x, _, _ in eval_batches(dataset.books(split), cfg.vocab_size, 1, cfg.seq_len):
+                _, state = model(x, state)
+                read += x.numel()
+                if read >= tokens:
+                    break
+    finally:
+        core.search = search
+    memory = state["memory"][0]
+    written = memory[memory.abs().sum(1) > 0].numpy()
+    return unit(written), unit(torch.cat(asked).numpy())
+
+
+def measure_static(faiss, name: str, words: np.ndarray, queries: np.ndarray, k: int) -> dict:
+    """Recall@k of the queries over fixed words, the median time of a search of one step's queries, and how far
+    below the exact K-th nearest word's cosine the K-th found word's lies (the mean over queries)."""
+    index = None if name == "exact" else build(faiss, name, words)
+    exact = exact_top_k(queries, words, k)
+    found, seconds = [], []
+    heads = 4
+    for start in range(0, len(queries), heads):
+        began = time.perf_counter()
+        batch = queries[start:start + heads]
+        found.append(exact_top_k(batch, words, k) if index is None else index.search(batch, k))
+        seconds.append(time.perf_counter() - began)
+    found = np.concatenate(found)
+    hits = sum(len(set(f.tolist()) & set(e.tolist())) for f, e in zip(found, exact))
+    # near-duplicate words make recall by identity harsh: also how close the found words are, by cosine
+    similarity = np.take_along_axis(queries @ words.T, np.concatenate([found, exact], 1), 1)
+    gap = float(np.mean(similarity[:, k:].min(1) - similarity[:, :k].min(1)))
+    return {"index": name, "words": f"{len(words)} trained", "recall_at_k": hits / (len(queries) * k),
+            "ms_per_step": 1000 * float(np.median(seconds)), "build_seconds": 0.0, "kth_cosine_gap": gap}
+
+
 def main(argv=None):
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--words", type=int, nargs="+", default=[10, 16, 20], help="log2 N")
@@ -119,12 +181,25 @@ def main(argv=None):
     parser.add_argument("--k", type=int, default=4, help="K (A.1)")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--csv", default=None)
+    parser.add_argument("--from_run", default=None,
+                        help="a trained SAM language model's run folder: measure on the words it writes and the "
+                             "queries it reads with (over --tokens of the valid split), not on random words")
+    parser.add_argument("--tokens", type=int, default=20_000, help="with --from_run: tokens the model reads")
+    parser.add_argument("--data_root", default=None, help="with --from_run: the data (default: the run's)")
     args = parser.parse_args(argv)
     import faiss
 
     faiss.omp_set_num_threads(1)
     rows = []
-    for log2_words in args.words:
+    for log2_words in args.words if args.from_run else ():
+        words, queries = trained_words(args.from_run, log2_words, args.tokens, 1000, data_root=args.data_root)
+        for name in args.indexes:
+            row = measure_static(faiss, name, words, queries, args.k)
+            rows.append(row)
+            print(f"{row['words']:>14} {name:<12} recall@{args.k} {row['recall_at_k']:.3f}  "
+                  f"{row['ms_per_step']:8.3f} ms per search of 4 queries; the K-th found word's cosine "
+                  f"{row['kth_cosine_gap']:.4f} below the exact K-th's", flush=True)
+    for log2_words in args.words if not args.from_run else ():
         for name in args.indexes:
             row = measure(faiss, name, log2_words, args.width, args.heads, args.k, args.steps)
             rows.append(row)

@@ -74,3 +74,23 @@ def test_the_recall_benchmark_counts_what_an_index_finds():
     assert graph.search(new, 1)[0, 0] == 5  # the new word 5 is found as itself
     with pytest.raises(SystemExit, match="ivf<nlist>x<nprobe>"):
         bench_index.build(faiss, "flat", words)
+
+
+def test_the_recall_benchmark_reads_a_trained_models_memory(tmp_path, default_corpus_root):
+    """--from_run: the words a SAM language model wrote while reading the valid split, and its read queries."""
+    import json
+
+    from projects.sam import bench_index
+    from projects.sam.configs import get
+    from projects.sam.model import Model
+
+    cfg = get("cpu", vocab_size=2048, d_model=16, hidden=16, words=64, seq_len=16)
+    torch.manual_seed(0)
+    torch.save({"model": Model(cfg).state_dict()}, tmp_path / "checkpoint.pt")
+    (tmp_path / "config.json").write_text(json.dumps({"model": vars(cfg), "train": {"data_root": None}}))
+    words, queries = bench_index.trained_words(str(tmp_path), 5, 64, 10, data_root=default_corpus_root)
+    assert words.shape == (32, cfg.word_size)  # 64 tokens, 2 heads: every one of 32 words written
+    assert queries.shape == (10 * cfg.heads, cfg.word_size)
+    assert abs(float((words ** 2).sum(1).mean()) - 1) < 1e-5
+    assert bench_index.measure_static(faiss, "exact", words, queries, 4)["recall_at_k"] == 1.0
+    assert bench_index.measure_static(faiss, "ivf4x4", words, queries, 4)["recall_at_k"] == 1.0  # exhaustive
