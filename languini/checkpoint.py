@@ -5,11 +5,12 @@ runs also hold each process's recurrent states, `states_rank<r>.pt` and `states_
 store its carried states in a smaller floating dtype (model_contract.checkpoint_state_dtype): pack_states casts
 them for saving and records their dtypes, unpack_states casts them back on loading.
 
-A run with model-parallel parameters (languini/model_parallel.py: memory value shards, experts spread over
-processes) keeps them and their optimiser state in `checkpoint_shards/` (and `checkpoint_shards_previous/`), a
-torch.distributed.checkpoint folder every process writes its part into; checkpoint.pt holds InShards(key) in their
-place. torch.distributed.checkpoint records each tensor's whole shape and every part's place in it, so the folder
-is read back under any layout: whole tensors on one process, other parts on more processes.
+A run with split parameters (languini/model_parallel.py: memory value shards, experts spread over processes; and
+the dense weights FSDP shards, languini/parallelize.py) keeps them and their optimiser state in `checkpoint_shards/`
+(and `checkpoint_shards_previous/`), a torch.distributed.checkpoint folder every process writes its part into;
+checkpoint.pt holds InShards(key) in their place and what every process holds alike (step, schedulers, RNG).
+torch.distributed.checkpoint records each tensor's whole shape and every part's place in it, so the folder is read
+back under any layout: whole tensors on one process, other parts on more processes.
 
 Every file of a checkpoint has a sha256 checksum, verified before it is read: a file and its previous one share
 `<name>.sha256.json` beside them, and a shards folder holds `sha256.json` for the files in it. A file that is missing,
@@ -262,19 +263,26 @@ def _optimizer_entries(optimizers, model):
             yield i, position, p, first[id(p)]
 
 
+def _split(param) -> bool:
+    """Whether each process holds a part of the parameter: model-parallel, or sharded by FSDP (a DTensor)."""
+    from torch.distributed.tensor import DTensor
+
+    return model_parallel.sharding(param) is not None or isinstance(param, DTensor)
+
+
 def move_to_shards(state: dict, model: torch.nn.Module, optimizers) -> dict[str, torch.Tensor]:
-    """Take the model-parallel tensors out of a trainer state (state["model"], state["optimizers"]; changed in
-    place, the live optimiser state untouched): each becomes InShards(key). Returns key -> this process's part
-    as a DTensor (its place in the whole tensor), for save_shards."""
+    """Take the split tensors (_split: model-parallel or FSDP's) out of a trainer state (state["model"],
+    state["optimizers"]; changed in place, the live optimiser state untouched): each becomes InShards(key).
+    Returns key -> this process's part as a DTensor (its place in the whole tensor), for save_shards."""
     params = dict(model.named_parameters())
     tensors = {}
     for name, first in _names(model).items():
-        if model_parallel.sharding(params[first]):
+        if _split(params[first]):
             state["model"][name] = InShards(f"model/{first}")
             tensors[f"model/{first}"] = _as_part(params[first].detach(), params[first])
     for i, position, p, name in _optimizer_entries(optimizers, model):
         entry = state["optimizers"][i]["state"].get(position)
-        if entry is None or not model_parallel.sharding(p):
+        if entry is None or not _split(p):
             continue
         entry = state["optimizers"][i]["state"][position] = dict(entry)  # a copy: state_dict shares the live one
         for key, value in entry.items():
@@ -286,7 +294,8 @@ def move_to_shards(state: dict, model: torch.nn.Module, optimizers) -> dict[str,
 
 def _as_part(tensor: torch.Tensor, param) -> torch.Tensor:
     """A tensor of a parameter as torch.distributed.checkpoint should see it: a model-parallel one as a DTensor
-    sharing the local tensor's memory (its place in the whole tensor), any other as it is."""
+    sharing the local tensor's memory (its place in the whole tensor), any other (FSDP's are DTensors already) as
+    it is."""
     s = model_parallel.sharding(param)
     if s is None:
         return tensor
@@ -310,26 +319,36 @@ def _in_shards(ckpt: dict):
 def prepare_restore(ckpt: dict, model: torch.nn.Module, optimizers) -> list[str]:
     """Make a checkpoint's model and optimiser states loadable (load_state_dict) under this process's layout,
     in place: an InShards entry becomes a placeholder of the live shape, filled afterwards by restore_shards
-    (the keys returned); the whole tensor of a parameter that is model-parallel now is cut to this process's
-    part (a run saved on one process continuing on several)."""
+    (the keys returned); the whole tensor of a parameter that is split now is cut to this process's part (a run
+    saved on one process continuing on several)."""
     params = dict(model.named_parameters())
     names = _names(model)
     for name, value in list(ckpt["model"].items()):
-        s = model_parallel.sharding(params[names[name]]) if name in names else None
-        if s is not None and torch.is_tensor(value) and tuple(value.shape) == s.full_shape:
-            ckpt["model"][name] = model_parallel.local_part(value, s)
+        if name in names:
+            ckpt["model"][name] = _part_of_whole(value, params[names[name]])
     for i, position, p, _ in _optimizer_entries(optimizers, model):
-        s = model_parallel.sharding(p)
         entry = ckpt["optimizers"][i]["state"].get(position, {}) if i < len(ckpt["optimizers"]) else {}
         for key, value in entry.items():
-            if s is not None and torch.is_tensor(value) and tuple(value.shape) == s.full_shape:
-                entry[key] = model_parallel.local_part(value, s)
+            entry[key] = _part_of_whole(value, p)
     keys = []
     for container, key, ref in list(_in_shards(ckpt)):
         name = ref.key.split("/")[1]
         container[key] = torch.zeros_like(params[name]) if ref.key.startswith("optimizer") else params[name].detach()
         keys.append(ref.key)
     return sorted(set(keys))
+
+
+def _part_of_whole(value, param):
+    """This process's part of `value` if it is a whole tensor of a parameter split here, else value as it is."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    s = model_parallel.sharding(param)
+    if s is not None and torch.is_tensor(value) and tuple(value.shape) == s.full_shape:
+        return model_parallel.local_part(value, s)
+    if isinstance(param, DTensor) and torch.is_tensor(value) and not isinstance(value, DTensor) \
+            and value.shape == param.shape:
+        return distribute_tensor(value.to(param.device), param.device_mesh, param.placements)
+    return value
 
 
 def restore_shards(run_dir: Path, step: int, keys: list[str], model: torch.nn.Module, optimizers) -> None:

@@ -5,8 +5,9 @@ attribute `stateful`. Expected: the output layer `head`, a torch.nn.Linear from 
 vocabulary whose output is the logits (every project has it; the after-step hook, --hebbian_softmax and
 --eval_cache_size use its inputs and rows and refuse a model without it). Optional (a model that does not define
 one gets the default behaviour, at no cost): `optimizer_groups`, `extra_flops`, `reset_memory_stats`/
-`memory_stats`, the after-step hook `after_step`, and the class attribute `checkpoint_state_dtype` (the dtype
-checkpoints store the carried state in; see checkpoint_state_dtype below). tests/core/test_contract.py checks every
+`memory_stats`, the after-step hook `after_step`, and the class attributes `checkpoint_state_dtype` (the dtype
+checkpoints store the carried state in; see checkpoint_state_dtype below) and `weights_used_outside_blocks` (see
+weights_used_outside_blocks below). tests/core/test_contract.py checks every
 project under projects/ against it.
 """
 from __future__ import annotations
@@ -113,6 +114,18 @@ def checkpoint_state_dtype(model) -> torch.dtype | None:
         name = getattr(model, "__name__", type(model).__name__)
         raise ContractError(f"{name}.checkpoint_state_dtype must be a floating torch dtype (torch.bfloat16) or None "
                             f"(store the carried states as they are), not {value!r}: see {CONTRACT}.")
+    return value
+
+
+def weights_used_outside_blocks(model) -> bool:
+    """Whether the model reads the weights of its `blocks` outside the blocks' own forward calls (its attribute
+    `weights_used_outside_blocks`; default False): compressive updates its memories with a block's compression
+    and attention weights, feedback computes its blocks in its own segment. --fsdp (languini/parallelize.py) then
+    gathers every weight for the model's whole forward instead of block by block."""
+    value = getattr(model, "weights_used_outside_blocks", False)
+    if not isinstance(value, bool):
+        raise ContractError(f"{type(model).__name__}.weights_used_outside_blocks must be True or False, not "
+                            f"{value!r}: see {CONTRACT}.")
     return value
 
 

@@ -146,8 +146,11 @@ def sharded_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 
 def collective_forward(model: nn.Module) -> bool:
-    """Whether the model's forward talks to other processes (it holds parts of model-parallel parameters)."""
-    return bool(sharded_parameters(model))
+    """Whether the model's forward talks to other processes: it holds parts of model-parallel parameters, or FSDP
+    gathers its weights (languini/parallelize.py)."""
+    from torch.distributed.tensor import DTensor
+
+    return bool(sharded_parameters(model)) or any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def parameter_count(model: nn.Module) -> int:
@@ -277,7 +280,7 @@ def clip_grad_norm_(params: Iterable[torch.Tensor], max_norm: float) -> torch.Te
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
     copied = [p.grad for p in params if not sharding(p)]
     device = params[0].grad.device if params else torch.device("cpu")
-    squared = torch.nn.utils.get_total_norm(copied).square() if copied else torch.zeros((), device=device)
+    squared = _whole(torch.nn.utils.get_total_norm(copied)).square() if copied else torch.zeros((), device=device)
     for shards, grads in by_group.values():
         part = torch.nn.utils.get_total_norm(grads).square()
         dist.all_reduce(part, group=shards.group)
@@ -285,6 +288,13 @@ def clip_grad_norm_(params: Iterable[torch.Tensor], max_norm: float) -> torch.Te
     total = squared.sqrt()
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A plain tensor: a DTensor's whole value (the norm of FSDP's sharded gradients is one), any other as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def lockstep(batches: Iterable[tuple], model: nn.Module, device: torch.device) -> Iterator[tuple]:

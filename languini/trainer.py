@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_map
 from tqdm import tqdm
 
 from languini import (aux_loss, checkpoint, flops, frequency, hebbian, model_contract, model_parallel, neural_cache,
-                      stages)
+                      parallelize, stages)
 from languini.books import SLOW_EVAL_PROTOCOLS, SLOW_EVAL_SAMPLES, BooksDataset, TrainBatches
 from languini.compute_class import DEFAULT_REFERENCE_HARDWARE
 from languini.evaluation import Evaluator, evaluate_splits
@@ -93,6 +93,11 @@ class TrainConfig:
                                        "(None: seq_len // 4, the paper's 128 of 512)")
     precision: str = arg("auto", "auto (bf16 if supported, else fp16 with a grad scaler; fp32 on CPU), bf16, fp16, fp32")
     compile: bool = arg(False, "torch.compile the model (true/false)")
+    fsdp: bool = arg(False, "with several processes: shard the dense weights, their gradients and Adam's state over "
+                            "the processes (FSDP2) instead of a copy on each (DDP) (true/false)")
+    activation_checkpointing: bool = arg(False, "recompute each block's forward in the backward instead of keeping "
+                                                "its activations: less memory, about a third more compute "
+                                                "(true/false)")
     seed: int = arg(0, "seed of the model's initialisation")
     retime: bool = arg(False, "on a CPU (a CPU-sized config without a GPU): time the model on this machine before "
                               "the run even if a row exists, and keep the row in <out_dir>/throughput.csv for "
@@ -301,7 +306,7 @@ class TrainStep:
         M = self.micro_batches
         for m in range(M):
             sync = m == M - 1 or self.world_size == 1
-            ctx = contextlib.nullcontext() if sync else self.train_model.no_sync()
+            ctx = contextlib.nullcontext() if sync else parallelize.no_sync(self.model, self.train_model)
             with ctx:
                 xm, ym = x[m].to(self.device, non_blocking=True), y[m].to(self.device, non_blocking=True)
                 with self.autocast():
@@ -421,6 +426,14 @@ class Trainer:
         self.model = model_cls(model_cfg).to(self.device)
         self.stateful = model_contract.stateful(self.model)  # an instance may refine its class's (no cache: False)
         self.checkpoint_state_dtype = model_contract.checkpoint_state_dtype(self.model)
+        if tcfg.activation_checkpointing:
+            parallelize.checkpoint_activations(self.model)
+        self.fsdp = tcfg.fsdp and self.ddp.world_size > 1  # one process has nothing to shard with
+        if self.fsdp:
+            if tcfg.hebbian_softmax:
+                raise ValueError("--hebbian_softmax changes the output layer's rows in place, which --fsdp shards; "
+                                 "train with one of the two.")
+            parallelize.fully_shard_dense(self.model, self.ddp.world_size, self.device)
         self.optimizers, self.dense_params = build_optimizers(self.model, tcfg.lr, self.device)
         if len(self.optimizers) > 1 and self.ddp.world_size > 1:
             raise ValueError("Row-sparse value gradients are single-process only; use --sparse_values false with DDP.")
@@ -430,7 +443,7 @@ class Trainer:
         self.train_model = self.model
         if tcfg.compile:
             self.train_model = torch.compile(self.model)
-        if self.ddp.world_size > 1:
+        if self.ddp.world_size > 1 and not self.fsdp:
             ids = [self.device.index] if self.device.type == "cuda" else None
             DDP = torch.nn.parallel.DistributedDataParallel
             # model-parallel parts differ between processes: DDP neither broadcasts nor averages them
@@ -556,7 +569,7 @@ class Trainer:
         self._account_wall("training")  # the checkpoint holds the time spent until now
         keep = self.keep_previous_checkpoint
         state = None
-        if self.step_runner.sharded:  # every process writes its parts of the model-parallel tensors
+        if self.step_runner.sharded or self.fsdp:  # every process writes its parts of the split tensors
             state = self.state_dict()
             parts = checkpoint.move_to_shards(state, self.model, self.optimizers)
             checkpoint.save_shards(self.run_dir, self.step, parts, keep, self.ddp.main)

@@ -148,6 +148,7 @@ class Block(nn.Module):
 
 class Model(nn.Module):
     stateful = True  # carries (memory, compressed memory) per layer from segment to segment
+    weights_used_outside_blocks = True  # update_memories compresses with a block's weights (--fsdp: one unit)
     # checkpoints store the memories in bf16 (half of ~10 GB at small, batch 256); a resume is then not bit-exact
     checkpoint_state_dtype = torch.bfloat16
 

@@ -51,6 +51,7 @@ class Block(nn.Module):
 
 class Model(nn.Module):
     stateful = True  # carries the memory vectors of the last tau steps (languini/model_contract.py)
+    weights_used_outside_blocks = True  # the segment reads every block's weights (--fsdp: one unit)
     checkpoint_state_dtype = torch.bfloat16  # (B, tau, d) per stream group; a resume is then not bit-exact
 
     def __init__(self, cfg: ModelConfig):

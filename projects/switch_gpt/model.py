@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from languini import model_parallel
+from languini import model_parallel, parallelize
 from projects.switch_gpt.configs import SIZES, ModelConfig, check, moe_blocks
 from projects.switch_gpt.ops.moe.naive import experts_naive
 
@@ -129,9 +129,10 @@ class SwitchLayer(nn.Module):
         if self.training:  # no capacity at evaluation: a token's output never depends on other streams there
             keep = within_capacity(choice, E, self.capacity(x.shape[0]))
             expert_index = torch.where(keep, choice, -1)
-            with torch.no_grad():
-                self.train_counts += counts
-                self.train_dropped += (~keep).sum()
+            if not parallelize.recomputing():  # counted in the forward, not again in its recomputation
+                with torch.no_grad():
+                    self.train_counts += counts
+                    self.train_dropped += (~keep).sum()
         else:
             with torch.no_grad():
                 self.eval_counts += counts

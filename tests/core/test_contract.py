@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils._pytree import tree_flatten
 
-from languini import checkpoint, model_contract
+from languini import checkpoint, model_contract, parallelize
 from languini.experiment import REPO_ROOT
 from languini.plan import CPU_CONFIG
 
@@ -201,3 +201,32 @@ def test_states_stored_in_a_smaller_dtype_come_back_rounded(project):
     with torch.no_grad():  # the model continues from the restored state
         logits, _, _ = forward(model, tokens(model, seed=1), checkpoint.unpack_states(packed, dtypes))
     assert torch.isfinite(logits).all()
+
+
+def _loss_and_gradients(model, x):
+    logits, _, aux = forward(model, x[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()) + sum(aux.values())
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("project", project_params())
+def test_activation_checkpointing_gives_the_same_loss_and_gradients(project):
+    plain, checkpointed = cpu_model(project).train(), cpu_model(project).train()
+    if not hasattr(checkpointed, "blocks"):
+        with pytest.raises(ValueError, match="no `blocks`"):
+            parallelize.checkpoint_activations(checkpointed)
+        return
+    if type(checkpointed.blocks[0]).forward is torch.nn.Module.forward:  # blocks computed by the model itself
+        with pytest.raises(ValueError, match="--activation_checkpointing"):
+            parallelize.checkpoint_activations(checkpointed)
+        return
+    parallelize.checkpoint_activations(checkpointed)
+    x = tokens(plain, length=33)
+    loss, grads = _loss_and_gradients(plain, x)
+    loss_c, grads_c = _loss_and_gradients(checkpointed, x)
+    assert loss_c.item() == pytest.approx(loss.item(), rel=1e-6)
+    assert grads_c.keys() == grads.keys()
+    for name, grad in grads.items():
+        # the recomputed forward runs the same fp32 operations; sums may run in another order
+        torch.testing.assert_close(grads_c[name], grad, rtol=1e-4, atol=1e-6 * grad.abs().max().item(), msg=name)
