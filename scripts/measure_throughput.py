@@ -14,7 +14,9 @@ make it the step of a run that sets them; with micro-batches the sweep grows the
 true (with --hebbian_limit, --hebbian_min_mix) times the step with the Hebbian Softmax: a row of its own, as a run
 with it is charged at its own throughput.
 With --registry the `measured` row is appended to that CSV (projects/<project>/throughput.csv is the one
-training reads); without it the row is printed, to be added by hand once checked. On a CPU only CPU-sized
+training reads); without it the row is printed, to be added by hand once checked. A row whose timed steps spread
+over more than half their median (a busy machine) is not written (--force true writes it) and is printed with a
+warning. On a CPU only CPU-sized
 configs are timed (--paper_config_on_cpu true for others), and the row goes to runs/throughput.csv, which
 train.py reads first on this machine, not to a project's committed registry (--cpu_row_in_project true).
 
@@ -38,7 +40,7 @@ import torch
 from languini import flops, hebbian, throughput
 from languini.flags import Parser, add_dataclass_flags, overrides, parse_bool
 from languini.measure import Measurement, measure_batch_size, measured_row
-from languini.plan import cpu_sized
+from languini.plan import BUSY_SPREAD, cpu_sized
 from languini.trainer import TrainConfig, precision_for
 
 MIN_TIMED_STEPS = 10
@@ -166,6 +168,10 @@ def build_parser(configs=None, first_pass: bool = False) -> argparse.ArgumentPar
                              "whose cpu rows set the steps of every clone's CPU runs; by default a CPU row goes "
                              "only to another file, e.g. runs/throughput.csv, which train.py reads on this machine "
                              "(true/false; default false)")
+    parser.add_argument("--force", type=parse_bool, default=False,
+                        help=f"write the row to --registry even when the timed steps spread over more than "
+                             f"{BUSY_SPREAD:.0%} of their median, the sign of a busy machine (true/false; default "
+                             "false)")
     parser.add_argument("--derive", metavar="HARDWARE",
                         help="also derive a row for this reference hardware by ratio to --baseline (e.g. 'RTX 3090')")
     parser.add_argument("--baseline", metavar="PROJECT:CONFIG",
@@ -320,11 +326,12 @@ def main(argv=None) -> list[throughput.ThroughputRow]:
     hardware = throughput.local_device_name(device)
     row = measured_row(spec, hardware, best, seq_len, precision, args.compile,
                        run_note(args, n_fitted, argv))
-    rows = [row]
+    rows, measured = [row], [(f"{spec.project} {spec.config}", best)]
     if reference is not None:
         base_project, base_config = args.baseline.split(":")
         print()
         _, _, base, _ = measure_model(base_project, base_config, {}, args, device, precision)
+        measured.append((args.baseline, base))
         ratio = best.tokens_per_second / base.tokens_per_second
         derived = dataclasses.replace(
             row, hardware=reference.hardware, tokens_per_second=reference.tokens_per_second * ratio,
@@ -336,6 +343,15 @@ def main(argv=None) -> list[throughput.ThroughputRow]:
         print(f"\nderived for {reference.hardware}: {reference.tokens_per_second:,.0f} x {ratio:.4f} = "
               f"{derived.tokens_per_second:,.0f} tokens/s (assumes the ratio measured on {hardware} holds there)")
         rows.append(derived)
+    busy = [(what, m.spread) for what, m in measured if m.spread is not None and m.spread > BUSY_SPREAD]
+    if busy:
+        said = "; ".join(f"{what}'s steps spread over {spread:.0%} of their median" for what, spread in busy)
+        advice = (f"This machine looked busy ({said}; more than {BUSY_SPREAD:.0%}), so the tokens/s may be far "
+                  "below what it gives when idle. Measure again on an idle machine (nothing else running: `top`, "
+                  "`nvidia-smi`), or with more --steps")
+        if args.registry and not args.force:
+            raise SystemExit(f"Not written to {args.registry}. {advice}; --force true writes it anyway.")
+        print(f"\nWarning: {advice}.")
     if args.registry:
         for new in rows:
             throughput.append_row(args.registry, new)

@@ -104,7 +104,17 @@ def test_fingerprint_is_sha256_of_the_fields_as_sorted_json():
     assert tp.model_fingerprint(gpt_configs.SIZES["small"]) == "45cebdaabf4f"
 
 
-@pytest.mark.parametrize("project", ["gpt", "qlstm", "lram_gpt", "pkm_gpt", "switch_gpt"])
+# every project is checked, a new one included (discovered as tests/core/test_contract.py finds them)
+LANGUAGE_MODELS = sorted(path.parent.name for path in (REPO / "projects").glob("*/model.py")
+                         if getattr(importlib.import_module(f"projects.{path.parent.name}"), "LANGUAGE_MODEL", True))
+REGISTRIES = sorted(path.parent.name for path in (REPO / "projects").glob("*/throughput.csv"))
+
+
+def test_every_project_with_a_registry_is_a_language_model_checked_here():
+    assert {"gpt", "qlstm", "lram_gpt", "pkm_gpt"} <= set(REGISTRIES) <= set(LANGUAGE_MODELS)
+
+
+@pytest.mark.parametrize("project", LANGUAGE_MODELS)
 def test_fingerprint_changes_with_any_model_field(project):
     configs = importlib.import_module(f"projects.{project}.configs")
     base = configs.SIZES["cpu"]
@@ -113,7 +123,7 @@ def test_fingerprint_changes_with_any_model_field(project):
         if isinstance(value, bool):
             return not value
         if isinstance(value, (int, float)):
-            return value * 2 + 1
+            return value + 1  # not value * 2 + 1, which leaves -1 (feedback's memory_layer) as it is
         return 1 if value is None else value + "x"
 
     layout = getattr(configs.ModelConfig, "LAYOUT_FIELDS", ())  # how it is split over processes: not the model
@@ -150,7 +160,7 @@ def config_of_row(configs, row):
     return replace(configs.SIZES[row.config], **{"seq_len": row.seq_len, **given})
 
 
-@pytest.mark.parametrize("project", ["gpt", "qlstm", "lram_gpt", "pkm_gpt"])
+@pytest.mark.parametrize("project", REGISTRIES)
 def test_committed_rows_are_tied_to_the_configs_they_were_measured_with(project):
     """Every row of the tracked registries is the named config with its recorded flags as configs.py defines it.
 
@@ -379,7 +389,8 @@ def toy_project(tmp_path, monkeypatch, single_thread):
 def test_measure_sweep_on_cpu_appends_a_row(toy_project, tmp_path, capsys):
     script = load_script("measure_throughput")
     registry = tmp_path / "registry.csv"
-    args = [toy_project, "cpu", "--registry", str(registry), "--steps", "10", "--warmup", "1"]
+    # --force: a busy test machine's spread must not stop what this tests (test_..._busy_machine tests the refusal)
+    args = [toy_project, "cpu", "--registry", str(registry), "--steps", "10", "--warmup", "1", "--force", "true"]
     [row] = script.main(args + ["--sweep", "--max_batch_size", "4"])
     out = capsys.readouterr().out
     # Hand count: q, k, v, out projections 4*2*T*d^2, attention 2*2*T^2*d, head 2*T*d*V, extra 1000*T.
@@ -392,7 +403,7 @@ def test_measure_sweep_on_cpu_appends_a_row(toy_project, tmp_path, capsys):
     # The note says how the row was measured: enough to measure it again.
     assert row.note.startswith("best of ") and "; triton " in row.note
     assert row.note.endswith(f"python scripts/measure_throughput.py {toy_project} cpu --registry {registry} --steps 10 "
-                             "--warmup 1 --sweep --max_batch_size 4")
+                             "--warmup 1 --force true --sweep --max_batch_size 4")
     assert tp.read_registry(registry) == [replace(row, tokens_per_second=round(row.tokens_per_second, 3))]
     assert tp.lookup(registry, tp.model_spec(toy_project, "cpu"), "cpu").batch_size == row.batch_size
 
@@ -513,7 +524,7 @@ def test_measure_rejects_too_few_steps_and_unknown_configs(toy_project, capsys):
 def test_measure_script_runs_from_the_command_line_on_gpt(tmp_path):
     registry = tmp_path / "registry.csv"
     command = [sys.executable, "scripts/measure_throughput.py", "gpt", "cpu", "--batch_size", "2", "--seq_len", "32",
-               "--steps", "10", "--warmup", "1", "--device", "cpu", "--registry", str(registry)]
+               "--steps", "10", "--warmup", "1", "--device", "cpu", "--registry", str(registry), "--force", "true"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # see single_thread
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -531,3 +542,22 @@ def test_sweep_from_a_smallest_batch_skips_the_smaller_ones():
 
     script.sweep_batch_sizes(measure, max_batch_size=4096, stop_when_slower=False, min_batch_size=16)
     assert tried == [16, 32, 64, 128, 96, 112, 104, 100, 102, 101]
+
+
+def test_measure_refuses_to_write_a_row_timed_on_a_busy_machine(toy_project, tmp_path, monkeypatch, capsys):
+    """Issue 50: a shared machine once committed 1,120 tokens/s for a model that then trained at 4,347."""
+    script = load_script("measure_throughput")
+    spread = {"value": 0.9}  # the slowest step 90% of the median slower than the fastest
+    monkeypatch.setattr(script, "measure_batch_size", lambda model, cfg, batch_size, *rest: script.Measurement(
+        batch_size, 1000.0, batch_size * cfg.seq_len / 1000.0, None, spread["value"]))
+    registry = tmp_path / "out.csv"
+    args = [toy_project, "cpu", "--batch_size", "2", "--steps", "10", "--warmup", "1", "--registry", str(registry)]
+    with pytest.raises(SystemExit, match=r"Not written to .*spread over 90% of their median.*--force true"):
+        script.main(args)
+    assert not registry.exists()
+    [row] = script.main(args + ["--force", "true"])
+    assert tp.read_registry(registry) == [row]
+    assert "Warning: This machine looked busy" in capsys.readouterr().out
+    spread["value"] = 0.2  # an idle machine's spread: written without a word
+    script.main(args)
+    assert len(tp.read_registry(registry)) == 2 and "busy" not in capsys.readouterr().out
