@@ -61,17 +61,23 @@ class FaissIndex:
         self.insertions = [0] * memory.shape[0]
 
     def _build(self, words: torch.Tensor):
-        """A fresh index trained on the stream's written words (random unit vectors while there are too few)."""
+        """A fresh index trained on the stream's written words (random unit vectors while there are fewer written
+        words than lists)."""
         faiss = self.faiss
         index = faiss.IndexIVFFlat(faiss.IndexFlatIP(self.width), self.width, self.nlist, faiss.METRIC_INNER_PRODUCT)
+        # FAISS asks for 39 points per list, more than N words give for N < 1,600 (nlist = sqrt(N)); fewer written
+        # words train lists that follow them, where random padding would spend lists on places no word is
+        index.cp.min_points_per_centroid = 1
         rows = words.detach().numpy()
         written = np.flatnonzero(np.abs(rows).sum(1) > 0)
-        wanted = 40 * self.nlist  # FAISS asks for 39 training points per list
+        wanted = 40 * self.nlist
         rng = np.random.default_rng(self.seed)
         if len(written) >= wanted:
             train = rows[rng.choice(written, wanted, replace=False)]
+        elif len(written) >= self.nlist:
+            train = rows[written]
         else:
-            train = np.concatenate([rows[written], rng.standard_normal((wanted - len(written), self.width))])
+            train = np.concatenate([rows[written], rng.standard_normal((self.nlist - len(written), self.width))])
         index.train(_unit(train.astype(np.float32)))
         index.set_direct_map_type(faiss.DirectMap.Hashtable)  # removal by id in O(1)
         index.nprobe = self.nprobe

@@ -94,3 +94,21 @@ def test_the_recall_benchmark_reads_a_trained_models_memory(tmp_path, default_co
     assert abs(float((words ** 2).sum(1).mean()) - 1) < 1e-5
     assert bench_index.measure_static(faiss, "exact", words, queries, 4)["recall_at_k"] == 1.0
     assert bench_index.measure_static(faiss, "ivf4x4", words, queries, 4)["recall_at_k"] == 1.0  # exhaustive
+
+
+def test_lists_trained_on_fewer_words_than_faiss_asks_for_follow_the_words():
+    """1,024 words in 32 tight clusters train 32 lists (FAISS asks for 39 x 32 = 1,248 points): every list's centroid
+    lies near a cluster. Padding the training set with random vectors put some centroids where no word is (the
+    farthest at cosine 0.25 from every cluster)."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(0)
+    centres = torch.nn.functional.normalize(torch.randn(32, 32, generator=g), dim=1)
+    words = centres.repeat_interleave(32, 0) + 0.05 * torch.randn(1024, 32, generator=g)
+    index = FaissIndex(words[None], nprobe=1)
+    assert index.nlist == 32
+    quantizer = index.indexes[0].quantizer
+    centroids = np.stack([quantizer.reconstruct(i) for i in range(index.nlist)])
+    centroids /= np.linalg.norm(centroids, axis=1, keepdims=True)
+    # k-means may leave a centroid between two clusters (0.76 here), never far from all of them
+    assert (centroids @ centres.numpy().T).max(1).min() > 0.6
