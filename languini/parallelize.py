@@ -16,8 +16,10 @@ A model's blocks are its `blocks` (an nn.ModuleList: every project's transformer
 - `--activation_checkpointing true`: each block keeps only its inputs in the forward and runs its forward again
   in the backward (torch.utils.checkpoint, non-reentrant, the random state replayed), trading about a third more
   compute for the activations of all blocks but one. What a forward counts (switch_gpt's expert load) is not
-  counted again in the recomputation: such a count asks recomputing(). A model whose blocks have no forward of
-  their own (feedback computes them in its segment, which recomputes by itself) is refused.
+  counted again in the recomputation: such a count asks recomputing(). Under --compile the backward graph
+  recomputes the count's addition too (switch_gpt's raw counts double; the drop rate and load CV it logs are ratios
+  of them, unchanged). A model whose blocks have no forward of their own (feedback computes them in its segment,
+  which recomputes by itself) is refused.
 """
 from __future__ import annotations
 
@@ -69,6 +71,8 @@ def checkpoint_activations(model: nn.Module) -> None:
         def checkpointed(*args, _forward=forward, **kwargs):
             if not torch.is_grad_enabled():  # evaluation keeps nothing for a backward anyway
                 return _forward(*args, **kwargs)
+            if torch.compiler.is_compiling():  # compiled, the backward graph recomputes: no Python runs again
+                return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
             return checkpoint(_forward, *args, use_reentrant=False,
                               context_fn=lambda: (contextlib.nullcontext(), _recomputation()), **kwargs)
 
