@@ -20,6 +20,7 @@ Loading the words, evaluation and timing come on top.
 """
 import argparse
 import json
+import math
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -195,15 +196,18 @@ def run_space(args) -> dict:
     sizes = f"{task.set_sizes[0]}..{largest}" if task.set_sizes[0] != largest else f"{largest}"
     print(f"task {args.task}: {what}")
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
-    print(f"training on {where}, sets of {sizes}: each NBF for {nbf_seconds:.0f} s, "
+    nbf_budget = f"{args.nbf_steps} steps" if args.nbf_steps else f"{nbf_seconds:.0f} s"
+    print(f"training on {where}, sets of {sizes}: each NBF for {nbf_budget}, "
           f"each baseline for {baseline_seconds:.0f} s")
     trained = {}
     for i, (label, kind, cfg) in enumerate(models):
         torch.manual_seed(args.seed + i)
         model = build(kind, cfg, enc).to(device)
-        stats = meta_learning.train(model, task, nbf_seconds if kind == "nbf" else baseline_seconds, lr=args.lr,
-                                    batch_sets=args.batch_sets or shape["batch_sets"],
-                                    queries=args.queries or shape["queries"], seed=args.seed + i, desc=label)
+        by_steps = kind == "nbf" and args.nbf_steps
+        seconds = math.inf if by_steps else nbf_seconds if kind == "nbf" else baseline_seconds
+        stats = meta_learning.train(model, task, seconds, lr=args.lr, batch_sets=args.batch_sets or shape["batch_sets"],
+                                    queries=args.queries or shape["queries"], seed=args.seed + i, desc=label,
+                                    max_steps=args.nbf_steps if by_steps else None)
         print(f"  {label}: {stats['steps']} steps in {stats['seconds']:.0f} s, loss {stats['loss']:.4f}")
         trained[label] = (model, stats)
     results = {"task": args.task, "what": what, "sizes": {}}
@@ -314,6 +318,8 @@ def main(argv=None):
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", choices=TASKS, default="database")
     p.add_argument("--minutes", type=float, default=5.0, help="training time of the NBF (shared by its sizes)")
+    p.add_argument("--nbf_steps", type=int, default=0,
+                   help="train each NBF for this many steps instead of --minutes (the same work on a busy machine)")
     p.add_argument("--baseline_minutes", type=float, default=None,
                    help="training time of the LSTM and of the Memory Network, each (default: a quarter of --minutes)")
     p.add_argument("--rates", type=parse_rates, default=[0.05, 0.01, 0.001], help="target false-positive rates")
@@ -349,6 +355,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.plot and args.task != "extrapolation":
         p.error("--plot draws the extrapolation task (Figure 5.4)")
+    if args.nbf_steps < 0:
+        p.error(f"--nbf_steps must be a number of steps (0: train for --minutes), not {args.nbf_steps}")
     args.nbf_sizes = args.nbf_sizes or parse_sizes(TASK_SHAPES[args.task]["sizes"])
     results = {"args": {k: str(v) for k, v in vars(args).items()}}
     if args.task != "timing":

@@ -42,6 +42,13 @@ def test_database_space_table(books, tmp_path, capsys, single_thread):
             classical.bloom_bits(20, float(alpha)), abs=1)
 
 
+def test_nbf_steps_trains_for_that_many_steps_whatever_the_time(books, capsys, single_thread):
+    results = bench.main(["--task", "database", "--books", str(books), "--set_size", "20", "--minutes", "0.0001",
+                          "--nbf_steps", "7", "--lstm", "false", "--memnet", "false"] + TOY)
+    assert results["training"]["NBF 4x2"]["steps"] == 7  # 6 ms of --minutes would have stopped it before
+    assert "each NBF for 7 steps" in capsys.readouterr().out
+
+
 def test_extrapolation_plot_and_class_task(books, tmp_path, capsys, single_thread):
     plot = tmp_path / "extrapolation.png"
     bench.main(["--task", "extrapolation", "--books", str(books), "--minutes", "0.02", "--eval_sizes", "10,30",
@@ -67,6 +74,7 @@ def test_timing_table(capsys, single_thread):
     (["--nbf_sizes", "16"], "SLOTSxWORD"),
     (["--rates", "0.01,2"], "false-positive rates"),
     (["--task", "database", "--plot", "x.png"], "extrapolation"),
+    (["--nbf_steps", "-1"], "--nbf_steps"),
 ])
 def test_bad_arguments_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit):
