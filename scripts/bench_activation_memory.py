@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from languini import parallelize
+from languini.flags import Parser
 
 
 def kept_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
@@ -34,7 +35,7 @@ def kept_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
 
 
 def main(argv=None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["gpt:mini", "gpt:small"], help="PROJECT:CONFIG")
     p.add_argument("--seq_len", type=int, default=512)
     p.add_argument("--vocab_size", type=int, default=16384, help="the books' vocabulary (the output layer's share)")
