@@ -200,8 +200,10 @@ def test_fsdp_saved_on_two_processes_continues_on_one_and_on_four_and_back(defau
 
 
 COMPOSED = {
-    # Memory+: one gated table read by both blocks, split over the 2 processes, the rest sharded by FSDP
-    "lram_gpt": ["--memory_layers", "0,1", "--share_memory", "true", "--memory_gate", "silu", "--memory_shards", "2"],
+    # Memory+: one gated table read by both blocks, split over the 2 processes, the rest sharded by FSDP; two
+    # micro-batches, the first without a gradient exchange
+    "lram_gpt": ["--memory_layers", "0,1", "--share_memory", "true", "--memory_gate", "silu", "--memory_shards", "2",
+                 "--micro_batches", "2"],
     # a shared table that is not split: FSDP keeps it in the root's unit
     "pkm_gpt": ["--memory_layers", "0,1", "--share_memory", "true"],
     # compared with DDP on the same 2 processes: each process's load-balancing loss is of its own tokens, so the
