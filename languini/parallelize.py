@@ -14,8 +14,8 @@ A model's blocks are its `blocks` (an nn.ModuleList: every project's transformer
   left to their own group, as DDP leaves them. The weights become DTensors: checkpoints keep each process's part
   through torch.distributed.checkpoint (languini/checkpoint.py), so a run saved on N processes continues on M.
 - `--activation_checkpointing true`: each block keeps only its inputs in the forward and runs its forward again
-  in the backward (torch.utils.checkpoint, non-reentrant, the random state replayed), trading about a third more
-  compute for the activations of all blocks but one. What a forward counts (switch_gpt's expert load) is not
+  in the backward (torch.utils.checkpoint, non-reentrant, the random state replayed), trading one more forward of
+  the blocks (a third more of their FLOPs, a backward being twice a forward) for their activations. What a forward counts (switch_gpt's expert load) is not
   counted again in the recomputation: such a count asks recomputing(). Under --compile the backward graph
   recomputes the count's addition too (switch_gpt's raw counts double; the drop rate and load CV it logs are ratios
   of them, unchanged). A model whose blocks have no forward of their own (feedback computes them in its segment,
@@ -88,9 +88,9 @@ def _owners(model: nn.Module) -> dict[int, set]:
     return owners
 
 
-def fully_shard_dense(model: nn.Module, world_size: int, device: torch.device):
+def fully_shard_dense(model: nn.Module, world_size: int, device: torch.device) -> None:
     """FSDP2 on the model's dense weights over all `world_size` processes (in place): a unit per block that owns
-    its weights, the root for the rest; model-parallel parameters are ignored. Returns the DeviceMesh."""
+    its weights, the root for the rest; model-parallel parameters are ignored."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -108,7 +108,6 @@ def fully_shard_dense(model: nn.Module, world_size: int, device: torch.device):
         if own and all(owners[id(p)] == {i} for p in own):
             fully_shard(block, mesh=mesh, ignored_params=ignored)
     fully_shard(model, mesh=mesh, ignored_params=ignored)
-    return mesh
 
 
 def sharded_dense(model: nn.Module) -> bool:

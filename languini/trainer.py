@@ -96,8 +96,8 @@ class TrainConfig:
     fsdp: bool = arg(False, "with several processes: shard the dense weights, their gradients and Adam's state over "
                             "the processes (FSDP2) instead of a copy on each (DDP) (true/false)")
     activation_checkpointing: bool = arg(False, "recompute each block's forward in the backward instead of keeping "
-                                                "its activations: less memory, about a third more compute "
-                                                "(true/false)")
+                                                "its activations: less memory, one more forward of the "
+                                                "blocks (true/false)")
     seed: int = arg(0, "seed of the model's initialisation")
     retime: bool = arg(False, "on a CPU (a CPU-sized config without a GPU): time the model on this machine before "
                               "the run even if a row exists, and keep the row in <out_dir>/throughput.csv for "

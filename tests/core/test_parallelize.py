@@ -1,7 +1,8 @@
 """Activation checkpointing and FSDP2 (languini/parallelize.py).
 
-One process: checkpointed blocks give the same loss and gradients while keeping fewer tensors for the backward,
-and a count made in a forward is not made again in its recomputation. Several processes (gloo): FSDP2 holds 1/W of
+One process: a count made in a forward is not made again in its recomputation (that checkpointed blocks give every
+project the same loss and gradients is tests/core/test_contract.py's, what they keep
+tests/core/test_bench_activation_memory.py's). Several processes (gloo): FSDP2 holds 1/W of
 each dense weight per process and gives every project the mean gradient; a run saved with FSDP on 2 processes
 continues on 1 and on 4 (and one saved by one process continues with FSDP on 2) with the losses of the
 uninterrupted run; FSDP with activation checkpointing composes with split memory tables (shared by two layers,
@@ -27,40 +28,10 @@ from tests.distributed import run_on_ranks
 from tests.torchrun import torchrun, train_losses
 
 
-def _loss_grads_and_saved(model, x):
-    """The loss of one forward, every parameter's gradient, and the bytes autograd kept for the backward outside
-    activation checkpointing's own keeping."""
-    saved = 0
-
-    def pack(t):
-        nonlocal saved
-        saved += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logits, _ = model(x[:, :-1], None)[:2]
-        loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
-    loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, saved
-
-
-def test_checkpointed_blocks_give_the_same_gradients_and_keep_less():
-    cfg = gpt_configs.get("cpu", n_layers=3, seq_len=33)
-    torch.manual_seed(0)
-    plain = GPT(cfg)
-    checkpointed = GPT(cfg)
-    checkpointed.load_state_dict(plain.state_dict())
-    parallelize.checkpoint_activations(checkpointed)
-    assert list(checkpointed.state_dict()) == list(plain.state_dict())  # checkpoints do not see it
-    x = torch.randint(0, cfg.vocab_size, (2, 33))
-    loss, grads, kept = _loss_grads_and_saved(plain, x)
-    loss_c, grads_c, kept_c = _loss_grads_and_saved(checkpointed, x)
-    assert loss_c == pytest.approx(loss.item(), rel=1e-6)
-    for name, grad in grads.items():
-        # the recomputation runs the same fp32 operations; a sum of 64 terms may differ in the last place
-        torch.testing.assert_close(grads_c[name], grad, rtol=1e-5, atol=1e-7, msg=name)
-    # three blocks' activations (attention probabilities, MLP) dominate what the plain model keeps
-    assert kept_c < kept / 2, (kept_c, kept)
+def _loss(model, x):
+    """The cross-entropy of a forward and its auxiliary losses."""
+    logits, _, *aux = model(x[:, :-1], None)
+    return F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()) + sum(aux[0].values() if aux else [])
 
 
 def test_a_forward_count_is_not_counted_again_in_its_recomputation():
@@ -73,7 +44,7 @@ def test_a_forward_count_is_not_counted_again_in_its_recomputation():
     x = torch.randint(0, cfg.vocab_size, (2, 33))
     for model in (plain, checkpointed):
         model.train()
-        _loss_grads_and_saved(model, x)
+        _loss(model, x).backward()
     counts = [[b.train_counts.clone() for b in m.modules() if hasattr(b, "train_counts")]
               for m in (plain, checkpointed)]
     assert counts[0] and all(c.sum() > 0 for c in counts[0])
@@ -125,12 +96,6 @@ def _shard_and_count(rank, world_size, share_memory):
 @pytest.mark.parametrize("share_memory", [None, False, True], ids=["gpt", "pkm_two_tables", "pkm_shared_table"])
 def test_fsdp_holds_a_part_of_every_dense_weight(share_memory):
     run_on_ranks(_shard_and_count, 2, share_memory)
-
-
-def _loss(model, x):
-    """The cross-entropy of a forward and its auxiliary losses."""
-    logits, _, *aux = model(x[:, :-1], None)
-    return F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()) + sum(aux[0].values() if aux else [])
 
 
 def _every_project_sharded(rank, world_size, projects):
