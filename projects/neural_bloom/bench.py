@@ -21,6 +21,7 @@ Loading the words, evaluation and timing come on top.
 import argparse
 import json
 import math
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -48,6 +49,8 @@ TASK_SHAPES = {
     "uniform": dict(train=200, eval=(200,), batch_sets=8, queries=256, sizes="16x2,64x2"),
     "timing": dict(sizes="16x4"),
 }
+COMMAND_FILE = "command.json"  # in a --run_dir: the training's flags
+EVALUATION_FLAGS = ("rates", "test_sets", "negatives", "eval_sizes", "timing", "out", "plot", "device")
 THESIS_TABLE_5_1 = {  # kilobits at 5%, 1%, 0.1%: storing 5000 row keys (GigaWord v5 tokens)
     "Neural Bloom Filter": (0.871, 1.5, 24.5), "Bloom Filter": (31.2, 47.9, 72.2), "Cuckoo Filter": (33.1, 45.3, 62.6)}
 THESIS_TABLE_5_2 = (  # name, query + insert latency CPU / GPU, query throughput CPU / GPU, insert CPU / GPU
@@ -197,18 +200,38 @@ def run_space(args) -> dict:
     print(f"task {args.task}: {what}")
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
     nbf_budget = f"{args.nbf_steps} steps" if args.nbf_steps else f"{nbf_seconds:.0f} s"
+    if args.curriculum:
+        sizes += f" (growing from {args.curriculum.start} over the first {args.curriculum.steps} steps)"
     print(f"training on {where}, sets of {sizes}: each NBF for {nbf_budget}, "
           f"each baseline for {baseline_seconds:.0f} s")
+    if args.run_dir:
+        args.run_dir.mkdir(parents=True, exist_ok=True)
+        if not args.evaluate:  # the latest training command, for --evaluate to rebuild the task and the models
+            write_atomically(args.run_dir / COMMAND_FILE, lambda f: f.write(json.dumps({"argv": args.argv}).encode()))
     trained = {}
     for i, (label, kind, cfg) in enumerate(models):
         torch.manual_seed(args.seed + i)
         model = build(kind, cfg, enc).to(device)
         by_steps = kind == "nbf" and args.nbf_steps
         seconds = math.inf if by_steps else nbf_seconds if kind == "nbf" else baseline_seconds
-        stats = meta_learning.train(model, task, seconds, lr=args.lr, batch_sets=args.batch_sets or shape["batch_sets"],
-                                    queries=args.queries or shape["queries"], seed=args.seed + i, desc=label,
-                                    max_steps=args.nbf_steps if by_steps else None)
-        print(f"  {label}: {stats['steps']} steps in {stats['seconds']:.0f} s, loss {stats['loss']:.4f}")
+        # what a checkpoint must agree on: the model, its input and the task (not the budget)
+        identity = {"model": label, "config": asdict(cfg), "encoder": asdict(enc), "task": args.task,
+                    "books": str(args.books), "held_out": args.held_out, "per_class": args.per_class,
+                    "set_size": args.set_size}
+        training = dict(lr=args.lr, batch_sets=args.batch_sets or shape["batch_sets"],
+                        queries=args.queries or shape["queries"], seed=args.seed + i, curriculum=args.curriculum)
+        checkpoint = args.run_dir / checkpoint_name(label) if args.run_dir else None
+        if args.evaluate:
+            saved = meta_learning.load_checkpoint(checkpoint, meta_learning.run_identity(identity, **training))
+            model.load_state_dict(saved["model"])
+            model.eval()
+            stats = meta_learning.trained_stats(saved)
+        else:
+            stats = meta_learning.train(model, task, seconds, desc=label, max_steps=args.nbf_steps if by_steps else None,
+                                        checkpoint=checkpoint, save_every=args.save_every, identity=identity,
+                                        **training)
+        print(f"  {label}: {stats['steps']} steps in {stats['seconds']:.0f} s, loss {stats['loss']:.4f}"
+              + (f" (from {checkpoint})" if args.evaluate else ""))
         trained[label] = (model, stats)
     results = {"task": args.task, "what": what, "sizes": {}}
     for n in args.eval_sizes or ([args.set_size] if args.set_size else shape["eval"]):
@@ -234,6 +257,21 @@ def run_space(args) -> dict:
             print(f"{name:34s}" + "".join(f"{kb(1000 * c):>12s}" for c in cells))
     results["training"] = {label: stats for label, (_, stats) in trained.items()}
     return results
+
+
+def checkpoint_name(label: str) -> str:
+    """'NBF 16x4' -> 'nbf_16x4.pt'."""
+    return label.lower().replace(" ", "_") + ".pt"
+
+
+def parse_curriculum(text: str) -> meta_learning.Curriculum:
+    """'50:1000' -> sets growing from 50 to the task's size over the first 1000 steps."""
+    try:
+        start, steps = (int(v) for v in text.split(":"))
+        return meta_learning.Curriculum(start, steps)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a curriculum is START:STEPS with START >= 1 and STEPS >= 1 (50:1000), "
+                                         f"not {text!r}") from None
 
 
 def random_keys(count: int, length: int, seed: int) -> list[bytes]:
@@ -314,6 +352,18 @@ def plot_extrapolation(results: dict, rates, path: Path) -> None:
     print(f"plot: {path}")
 
 
+def evaluation_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """The training command saved in args.evaluate, with this command's evaluation flags."""
+    command = args.evaluate / COMMAND_FILE
+    if not command.exists():
+        p.error(f"--evaluate {args.evaluate}: no {COMMAND_FILE} there; it takes the --run_dir of a training")
+    trained = p.parse_args(json.loads(command.read_text())["argv"])
+    for flag in EVALUATION_FLAGS:
+        setattr(trained, flag, getattr(args, flag))
+    trained.run_dir, trained.evaluate, trained.argv = args.evaluate, args.evaluate, None
+    return trained
+
+
 def main(argv=None):
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", choices=TASKS, default="database")
@@ -352,7 +402,23 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="write every number as JSON here")
     p.add_argument("--plot", type=Path, help="extrapolation: bits against set size, one panel per rate")
+    p.add_argument("--curriculum", type=parse_curriculum, default=None,
+                   help="START:STEPS: training sets grow geometrically from START elements to the task's size over "
+                        "the first STEPS steps (default: none, the task's sizes from the start)")
+    p.add_argument("--run_dir", type=Path, default=None,
+                   help="save each model's training here (every --save_every s and at the end) and continue from "
+                        "it when run again: a long training that survives interruption")
+    p.add_argument("--save_every", type=float, default=60.0, help="seconds between checkpoints of --run_dir")
+    p.add_argument("--evaluate", type=Path, default=None, metavar="RUN_DIR",
+                   help="evaluate the models saved in RUN_DIR (by a --run_dir training, finished or not) without "
+                        "training: the task and models are the training command's, the evaluation flags (--rates, "
+                        "--test_sets, --negatives, --eval_sizes, --timing, --out, --plot, --device) this one's")
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
+    if args.evaluate:
+        args = evaluation_args(p, args)
+    else:
+        args.argv = argv
     if args.plot and args.task != "extrapolation":
         p.error("--plot draws the extrapolation task (Figure 5.4)")
     if args.nbf_steps < 0:

@@ -14,26 +14,85 @@ and the combined false-positive rate is eps_measured + (1 - eps_measured) delta.
 """
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
+from languini.atomic_write import write_atomically
 from projects.neural_bloom.classical import bloom_bits
 from projects.neural_bloom.model import BITS_PER_FLOAT
 
 
+@dataclass(frozen=True)
+class Curriculum:
+    """Set sizes growing geometrically from `start` to the task's own over the first `steps` training steps:
+    small contiguous ranges first (their two ends are close), then the full size."""
+    start: int
+    steps: int
+
+    def __post_init__(self):
+        if self.start < 1 or self.steps < 1:
+            raise ValueError(f"a curriculum starts at a set size >= 1 and lasts >= 1 step, not {self}")
+
+    def largest(self, step: int, full: int) -> int:
+        """The largest set size of training step `step` (0-based) when the task's own is `full`."""
+        if step >= self.steps or self.start >= full:
+            return full
+        return round(self.start * (full / self.start) ** (step / self.steps))
+
+
+def run_identity(identity: dict, lr: float, batch_sets: int, queries: int, seed: int,
+                 curriculum: Curriculum | None) -> dict:
+    """What a checkpoint of `train` must agree on to be continued or evaluated: the caller's (model, task) and the
+    training flags (the budget is not: a finished run continues when given more)."""
+    return {**identity, "lr": lr, "batch_sets": batch_sets, "queries": queries, "seed": seed,
+            "curriculum": curriculum and asdict(curriculum)}
+
+
 def train(model, task, seconds: float, lr: float = 1e-3, batch_sets: int = 4, queries: int = 256, seed: int = 0,
-          desc: str = "train", max_steps: int | None = None) -> dict:
-    """Algorithm 3 for `seconds` of wall time (or `max_steps`). Returns steps and the mean loss of the last 20."""
+          desc: str = "train", max_steps: int | None = None, curriculum: Curriculum | None = None,
+          checkpoint: Path | None = None, save_every: float = 60.0, identity: dict | None = None) -> dict:
+    """Algorithm 3 for `seconds` of training time (or `max_steps`). Returns steps, the mean loss of the last 20 and
+    the training seconds.
+
+    With `checkpoint`, the model, optimizer, sampler and losses are saved there atomically every `save_every`
+    seconds and at the end, and a run finds its checkpoint and continues from it: stopped and started again it
+    reaches the state of one run (the budget counts the training time of every part). `identity` (what defines
+    the run: model, task, flags) is stored with it and a checkpoint of another run is refused."""
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
+    identity = run_identity(identity or {}, lr, batch_sets, queries, seed, curriculum)
+    losses, before = [], 0.0
+    if checkpoint is not None and checkpoint.exists():
+        saved = load_checkpoint(checkpoint, identity)
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        gen.set_state(saved["generator"])
+        losses, before = saved["losses"], saved["seconds"]
+        print(f"{desc}: resumed from {checkpoint} at step {len(losses)} ({before:.0f} s trained)", flush=True)
+
+    start = saved_at = time.perf_counter()
+
+    def elapsed():
+        return before + time.perf_counter() - start
+
+    def mean_loss():
+        return sum(losses[-20:]) / max(1, len(losses[-20:]))
+
+    def save(seconds: float):
+        state = {"identity": identity, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                 "generator": gen.get_state(), "losses": losses, "seconds": seconds}
+        write_atomically(checkpoint, lambda f: torch.save(state, f))
+
     model.train()
-    losses, start = [], time.perf_counter()
-    bar = tqdm(desc=desc, unit="step", leave=False, mininterval=2)
-    while time.perf_counter() - start < seconds and (max_steps is None or len(losses) < max_steps):
-        sets, qs, ys = task.train_batch(gen, batch_sets, queries)
+    full = max(task.set_sizes)
+    bar = tqdm(desc=desc, unit="step", leave=False, mininterval=2, initial=len(losses), total=max_steps)
+    while elapsed() < seconds and (max_steps is None or len(losses) < max_steps):
+        largest = curriculum.largest(len(losses), full) if curriculum else None
+        sets, qs, ys = task.train_batch(gen, batch_sets, queries, largest=largest)
         logits = model.read(model.write(task.train.inputs[sets]), task.train.inputs[qs])
         loss = F.binary_cross_entropy_with_logits(logits, ys.to(logits.device))
         opt.zero_grad(set_to_none=True)
@@ -42,11 +101,39 @@ def train(model, task, seconds: float, lr: float = 1e-3, batch_sets: int = 4, qu
         opt.step()
         losses.append(loss.item())
         bar.update()
-        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.4f}", refresh=False)
+        bar.set_postfix(loss=f"{mean_loss():.4f}", refresh=False)
+        if checkpoint is not None and time.perf_counter() - saved_at >= save_every:
+            save(elapsed())
+            saved_at = time.perf_counter()
+            # a line per save: a log redirected to a file shows the progress the bar cannot
+            print(f"{desc}: step {len(losses)}, loss {mean_loss():.4f}, {elapsed():.0f} s, saved", flush=True)
     bar.close()
+    seconds = elapsed()
+    if checkpoint is not None:
+        save(seconds)
     model.eval()
-    return {"steps": len(losses), "loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
-            "seconds": time.perf_counter() - start}
+    return trained_stats({"losses": losses, "seconds": seconds})
+
+
+def load_checkpoint(path: Path, identity: dict) -> dict:
+    """The checkpoint `train` saved at `path`, refused if it is of another run than `identity` (as `train`
+    completes it: the model's, task's and training flags)."""
+    if not path.exists():
+        raise FileNotFoundError(f"no checkpoint {path}: its training has not saved one yet")
+    saved = torch.load(path, weights_only=False)
+    if saved["identity"] != identity:
+        changed = sorted(k for k in identity.keys() | saved["identity"].keys()
+                         if identity.get(k) != saved["identity"].get(k))
+        raise ValueError(f"{path} is the checkpoint of another run ({', '.join(changed)} differ: saved "
+                         f"{ {k: saved['identity'].get(k) for k in changed} }, this run "
+                         f"{ {k: identity.get(k) for k in changed} }); use another folder or delete it")
+    return saved
+
+
+def trained_stats(saved: dict) -> dict:
+    """What `train` returns, of a saved checkpoint."""
+    losses = saved["losses"]
+    return {"steps": len(losses), "loss": sum(losses[-20:]) / max(1, len(losses[-20:])), "seconds": saved["seconds"]}
 
 
 @torch.no_grad()

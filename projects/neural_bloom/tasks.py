@@ -93,9 +93,10 @@ class Task:
         low, high = self.set_sizes
         return low + int(randint(gen, high - low + 1))
 
-    def train_batch(self, gen: torch.Generator, batch: int, queries: int):
-        """(sets (B, n), queries (B, t), targets (B, t) float) over the training universe; one n for the batch."""
-        n = self.train_size(gen)
+    def train_batch(self, gen: torch.Generator, batch: int, queries: int, largest: int | None = None):
+        """(sets (B, n), queries (B, t), targets (B, t) float) over the training universe; one n for the batch,
+        at most `largest` (a curriculum's)."""
+        n = self.train_size(gen) if largest is None else min(self.train_size(gen), largest)
         sets, qs, ys = [], [], []
         for _ in range(batch):
             members = self.members(gen, n, self.train)
