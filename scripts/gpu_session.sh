@@ -227,7 +227,16 @@ bench_neural_bloom() {  # Table 5.2 of Rae's thesis on the GPU: the Neural Bloom
     python projects/neural_bloom/bench.py --task timing --device cuda --out "$OUT/neural_bloom_timing.json"
 }
 
-export -f compare_grid env_report kernel_tests throughput_sweep throughput_row bench_qlstm bench_memory_layers lram_kernels \
+train_neural_bloom() {  # Table 5.1's database task trained on the GPU for $1 minutes; the run folder comes back
+    # the words of pgbooks' train split, which the lent machine lacks (carried; never committed):
+    # python projects/neural_bloom/bench.py --save_words data/nbf_words
+    [[ -f data/nbf_words/words.txt.gz ]] || { echo "no data/nbf_words/words.txt.gz: make it and carry it" >&2; return 1; }
+    python projects/neural_bloom/bench.py --task database --books data/nbf_words --minutes "$1" --lstm false \
+        --memnet false --timing false --device cuda --run_dir "$OUT/neural_bloom_database" \
+        --out "$OUT/neural_bloom_database.json"
+}
+
+export -f train_neural_bloom compare_grid env_report kernel_tests throughput_sweep throughput_row bench_qlstm bench_memory_layers lram_kernels \
     bench_pkm_torch_search train_smoke feedback_tests bench_feedback switch_gpt_check several_gpus bench_neural_bloom
 
 # step: timeout in seconds, expected seconds (from the last sessions' logs on an H200; ~: a guess, not yet
@@ -249,6 +258,7 @@ declare -A STEPS=(
     [bench_pkm_torch_search]="120 60 bench_pkm_torch_search"
     [bench_sam_topk]="45 ~20 python projects/sam/bench_topk.py"
     [bench_neural_bloom]="45 ~20 bench_neural_bloom"
+    [train_neural_bloom]="330 ~280 train_neural_bloom 4"
     [train_gpt]="100 ~70 train_smoke gpt"
     [train_qlstm]="120 ~90 train_smoke qlstm"
     [train_lram_gpt]="100 ~70 train_smoke lram_gpt"
@@ -284,7 +294,8 @@ declare -A STEP_GROUPS=(
     [rows_compiled]="row_switch_gpt_compiled row_compressive_compiled row_shortformer_compiled"
     [all]="env tests lram_kernels bench_memory_bf16 throughput_feedback throughput_sam row_compressive_compiled
            row_shortformer_compiled bench_memory_fp32 bench_pkm_torch_search switch_gpt throughput_gpt throughput_qlstm
-           throughput_lram_gpt throughput_pkm_gpt bench_qlstm bench_sam_topk bench_neural_bloom train_gpt train_qlstm
+           throughput_lram_gpt throughput_pkm_gpt bench_qlstm bench_sam_topk bench_neural_bloom train_neural_bloom
+           train_gpt train_qlstm
            train_lram_gpt train_pkm_gpt tests_feedback bench_feedback train_feedback train_lram_gpt_options
            train_pkm_gpt_options several_gpus compare row_switch_gpt row_compressive row_shortformer row_shortformer_128
            row_feedback row_sam row_switch_gpt_compiled"

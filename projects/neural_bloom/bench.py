@@ -19,6 +19,7 @@ thesis's sweep). The classical filters are built on the same test sets and measu
 Loading the words, evaluation and timing come on top.
 """
 import argparse
+import gzip
 import json
 import math
 import sys
@@ -352,6 +353,16 @@ def plot_extrapolation(results: dict, rates, path: Path) -> None:
     print(f"plot: {path}")
 
 
+def save_words(books: Path, folder: Path) -> dict:
+    """The universe of `books` as one gzip file of words, a line each: read_words gives the same words back."""
+    words = tasks.read_words(books)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "words.txt.gz"
+    write_atomically(path, lambda f: f.write(gzip.compress("\n".join(words).encode(), mtime=0)))
+    print(f"{len(words):,} unique words of {books} -> {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    return {"words": len(words), "path": str(path)}
+
+
 def evaluation_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
     """The training command saved in args.evaluate, with this command's evaluation flags."""
     command = args.evaluate / COMMAND_FILE
@@ -413,8 +424,13 @@ def main(argv=None):
                    help="evaluate the models saved in RUN_DIR (by a --run_dir training, finished or not) without "
                         "training: the task and models are the training command's, the evaluation flags (--rates, "
                         "--test_sets, --negatives, --eval_sizes, --timing, --out, --plot, --device) this one's")
+    p.add_argument("--save_words", type=Path, default=None, metavar="FOLDER",
+                   help="write the unique words of --books to FOLDER/words.txt.gz and stop: a --books folder of the "
+                        "same universe for a machine without the corpus (a lent GPU; carry it, never commit it)")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
+    if args.save_words:
+        return save_words(args.books, args.save_words)
     if args.evaluate:
         args = evaluation_args(p, args)
     else:

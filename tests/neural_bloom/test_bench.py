@@ -1,6 +1,4 @@
 """projects/neural_bloom/bench.py end to end at toy sizes on a small book folder written here (no ../shared)."""
-import gzip
-import itertools
 import json
 
 import pytest
@@ -9,16 +7,6 @@ from projects.neural_bloom import bench, classical
 
 TOY = ["--max_len", "8", "--channels", "8", "--z_dim", "16", "--nbf_sizes", "4x2", "--test_sets", "2",
        "--negatives", "400", "--timing", "false"]
-
-
-@pytest.fixture
-def books(tmp_path):
-    syllables = ["ka", "lo", "mi", "nu", "pe", "ra", "si", "to", "vu", "ze"]
-    words = ["".join(w) for w in itertools.product(syllables, repeat=3)]  # 1000 distinct words
-    for i in range(2):
-        with gzip.open(tmp_path / f"book{i}.txt.gz", "wt", encoding="utf-8") as f:
-            f.write(" ".join(words[i::2]) + ".\n")
-    return tmp_path
 
 
 def test_database_space_table(books, tmp_path, capsys, single_thread):

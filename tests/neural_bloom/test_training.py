@@ -9,7 +9,7 @@ import torch
 from projects.neural_bloom import bench, meta_learning, tasks
 from projects.neural_bloom.configs import EncoderConfig, NBFConfig
 from projects.neural_bloom.model import NeuralBloomFilter
-from tests.neural_bloom.test_bench import TOY, books  # noqa: F401 (a fixture)
+from tests.neural_bloom.test_bench import TOY
 
 
 def test_curriculum_sizes_by_hand():
@@ -87,8 +87,7 @@ def test_a_checkpoint_of_another_run_is_refused(tmp_path, single_thread):
         meta_learning.load_checkpoint(tmp_path / "missing.pt", {})
 
 
-def test_evaluate_a_run_folder_equals_the_evaluation_after_training(books, tmp_path, capsys,  # noqa: F811
-                                                                   single_thread):
+def test_evaluate_a_run_folder_equals_the_evaluation_after_training(books, tmp_path, capsys, single_thread):
     run = tmp_path / "run"
     trained = bench.main(["--task", "database", "--books", str(books), "--set_size", "20", "--nbf_steps", "6",
                           "--lstm", "false", "--memnet", "false", "--curriculum", "4:3", "--run_dir", str(run)]
@@ -117,3 +116,9 @@ def test_bad_curriculum_is_refused(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--curriculum", "50"])
     assert "START:STEPS" in capsys.readouterr().err
+
+
+def test_saved_words_are_the_same_universe(books, tmp_path, capsys):
+    bench.main(["--books", str(books), "--save_words", str(tmp_path / "words")])
+    assert "1,000 unique words" in capsys.readouterr().out
+    assert tasks.read_words(tmp_path / "words") == tasks.read_words(books)
