@@ -23,7 +23,7 @@ def test_a_checkpointed_state_continues_exactly():
     torch.save(state, buffer)  # as languini/checkpoint.py stores the trainer's states
     buffer.seek(0)
     restored = torch.load(buffer)
-    assert restored["memory"].abs().sum() > 0 and restored["ring"].dtype == torch.int64
+    assert restored["memory"].abs().sum() > 0 and restored["last_access"].dtype == torch.int64
     with torch.no_grad():
         continued, _ = model(x2, state)
         resumed, _ = model(x2, restored)
