@@ -75,8 +75,8 @@ def test_a_training_step_reads_nothing_on_the_host(kind, device, monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need CUDA")
 @pytest.mark.parametrize("kind", ["sam", "sdnc"])
 def test_cuda_graph_replay_equals_the_eager_loop(kind):
-    """Five training segments with cuda_graph on (the first two of a shape run eagerly, the third captures, the
-    rest replay) against the same with it off: the losses, every gradient and the carried memory, usage and
+    """Five training segments with cuda_graph on (a shape's first runs eagerly, the second captures and replays,
+    the rest replay) against the same with it off: the losses, every gradient and the carried memory, usage and
     links. fp32, so the two differ only by the order of the kernels' own reductions."""
     runs = []
     for graphed in (False, True):
