@@ -71,7 +71,7 @@ kernel_tests() {  # compiling the kernels takes most of the time and runs on the
     python -c "import xdist" 2>/dev/null && parallel=(-n $((cores < 16 ? cores : 16)))
     # every test file with a kernel or a CUDA path (those taking the `device` fixture)
     env -u TRITON_INTERPRET LANGUINI_TEST_DEVICE=cuda python -m pytest tests/lram_gpt tests/pkm_gpt tests/qlstm \
-        tests/sam/test_topk.py tests/switch_gpt/test_moe.py tests/compressive/test_rel_attention.py \
+        tests/sam/test_topk.py tests/sam/test_device.py tests/switch_gpt/test_moe.py tests/compressive/test_rel_attention.py \
         tests/feedback/test_window_attention.py tests/feedback/test_model.py \
         "${parallel[@]}" -q -p no:cacheprovider --durations=15 --junitxml="$OUT/tests.xml"
 }
@@ -145,6 +145,12 @@ train_smoke() {  # project [more flags]; the checkpoint (model and Adam state) s
 feedback_tests() {  # the window-attention kernel, the model through it and its CUDA-graph replay, on the GPU
     env -u TRITON_INTERPRET LANGUINI_TEST_DEVICE=cuda python -m pytest tests/feedback -q -p no:cacheprovider \
         --durations=10 --junitxml="$OUT/tests_feedback.xml"
+}
+
+sam_tests() {  # SAM on the GPU: the top-K kernel, a training step without host syncs (torch's sync debug mode) and
+    # the CUDA-graph replay of its time loop against the eager loop
+    env -u TRITON_INTERPRET LANGUINI_TEST_DEVICE=cuda python -m pytest tests/sam/test_device.py tests/sam/test_topk.py \
+        -q -p no:cacheprovider --durations=10 --junitxml="$OUT/tests_sam.xml"
 }
 
 bench_feedback() {  # training and generation speed against the GPT of the same size; CUDA graphs on and off
@@ -254,6 +260,8 @@ declare -A STEPS=(
     [throughput_pkm_gpt]="190 ~140 throughput_sweep pkm_gpt --derive 'RTX 3090' --baseline gpt:small"
     [throughput_feedback]="200 ~150 throughput_sweep feedback --min_batch_size 64 --warmup 1 --derive 'RTX 3090' --baseline gpt:small"
     [throughput_sam]="140 105 throughput_sweep sam --min_batch_size 32 --warmup 1 --derive 'RTX 3090' --baseline gpt:small"
+    [tests_sam]="120 ~60 sam_tests"
+    [throughput_sam_graph]="160 ~110 throughput_sweep sam --min_batch_size 32 --warmup 2 --cuda_graph true"
     [bench_qlstm]="150 ~100 bench_qlstm"
     [bench_pkm_torch_search]="120 60 bench_pkm_torch_search"
     [bench_sam_topk]="45 ~20 python projects/sam/bench_topk.py"
@@ -289,6 +297,7 @@ declare -A STEP_GROUPS=(
     [train]="train_gpt train_qlstm train_lram_gpt train_pkm_gpt"
     [feedback]="tests_feedback bench_feedback"
     [feedback_train]="throughput_feedback train_feedback"
+    [sam]="tests_sam throughput_sam throughput_sam_graph"
     [memory_options]="train_lram_gpt_options train_pkm_gpt_options"
     [rows]="row_switch_gpt row_compressive row_shortformer row_shortformer_128 row_feedback row_sam"
     [rows_compiled]="row_switch_gpt_compiled row_compressive_compiled row_shortformer_compiled"
@@ -298,7 +307,7 @@ declare -A STEP_GROUPS=(
            train_gpt train_qlstm
            train_lram_gpt train_pkm_gpt tests_feedback bench_feedback train_feedback train_lram_gpt_options
            train_pkm_gpt_options several_gpus compare row_switch_gpt row_compressive row_shortformer row_shortformer_128
-           row_feedback row_sam row_switch_gpt_compiled"
+           row_feedback row_sam row_switch_gpt_compiled tests_sam throughput_sam_graph"
 )
 CALL_LIMIT=540  # seconds: a call of the device tool that ends within 9 minutes
 

@@ -29,6 +29,8 @@ class MemoryConfig:
     topk_impl: str | None = arg(None, "the exact search: naive or triton; none: triton on CUDA, naive on CPU")
     initial_strength: float | None = arg(None, "the read strength beta of every head at initialisation (> 1; "
                                          "none: the interface's random bias, beta about 1.7)")
+    cuda_graph: bool = arg(False, "on a GPU with exact search, replay each training segment's time loop, forward and "
+                           "backward, from CUDA graphs (graphs.py; unverified on a GPU, so off by default)")
 
 @dataclass
 class ModelConfig(MemoryConfig):

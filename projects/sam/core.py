@@ -2,8 +2,9 @@
 
 - "sam": Sparse Access Memory (3.2): each head reads the K words nearest its query (exact scan or a FAISS index)
   with weights renormalised over them (3.1), and writes to the words it read at the previous step and to a least
-  recently used word, erased first (3.2-3.3); usage is SAM's U^(2) in a ring (usage.py); the memory is modified
-  in place and reverted by the backward (memory.py).
+  recently used word, erased first (3.2-3.3); usage is SAM's U^(2) (usage.py: last-access stamps on the device
+  with exact search, the thesis's ring on the CPU with FAISS); the memory is modified in place and reverted by
+  the backward (memory.py).
 - "sdnc": the Sparse DNC (3.5): SAM plus sparse temporal links (links.py, K_L entries per row) and a read that
   mixes, per head, the content weights with the weights one link forwards and backwards from its previous read
   (a softmax over three read modes), kept to the K largest and renormalised.
@@ -17,8 +18,12 @@ strength beta (1 + softplus), a write word w, the write gate alpha and the inter
 and for the DNC kinds three read-mode logits. The memory is written, then read; y_t = Linear([h_t, r_t]).
 
 The state (a dict of tensors, so a trainer can carry and checkpoint it) holds the controller's h and c, the words
-read, the read weights (sparse kinds: their word indices too), the memory, the usage (SAM's ring, on the CPU) and
-the links. The FAISS index, when used, is kept beside the state and rebuilt from the memory when missing.
+read, the read weights (sparse kinds: their word indices too), the memory, the usage and the links. The FAISS
+index, when used, is kept beside the state and rebuilt from the memory when missing.
+
+With exact search a sparse step runs on the memory's device from end to end: no tensor is read on the host inside
+the time loop (tests/sam/test_device.py), so a GPU is never made to wait for the CPU between steps. The FAISS
+index lives on the CPU, and its path reads the written words and the queries there at every step.
 """
 import itertools
 
@@ -27,6 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from projects.sam import links, usage
+from projects.sam.graphs import CapturedLoop
 from projects.sam.index import INDEXES, FaissIndex, search
 from projects.sam.memory import ContentWeights, GradientBuffers, ReadWords, SparseRead, SparseWrite, Tape
 from projects.sam.ops.topk import EMPTY
@@ -34,6 +40,7 @@ from projects.sam.ops.topk import EMPTY
 KINDS = ("sam", "sdnc", "dam", "dnc", "lstm")
 SPARSE, LINKED = ("sam", "sdnc"), ("sdnc", "dnc")
 _index_ids = itertools.count(1)
+CAPTURED_SHAPES = 2  # training shapes whose CUDA graphs a core keeps (cfg.cuda_graph)
 
 
 def check_memory_config(cfg) -> None:
@@ -131,7 +138,10 @@ class MemoryCore(nn.Module):
             # before the first read: K words per head with weight 0, so the first write adds nothing to them
             state["read_words"] = torch.arange(K, device=device).expand(batch, H, K).clone()
             state["read_weights"] = torch.zeros(batch, H, K, device=device)
-            state["ring"] = usage.new_ring(batch, N)
+            if cfg.index == "faiss":
+                state["ring"] = usage.new_ring(batch, N)
+            else:
+                state["last_access"] = usage.new_last_access(batch, N, device)
             # for the read statistics: the step count of each stream, and the step each word was last written
             state["clock"] = torch.zeros(batch, dtype=torch.int64, device=device)
             state["written_at"] = torch.full((batch, N), -1, dtype=torch.int64, device=device)
@@ -162,41 +172,91 @@ class MemoryCore(nn.Module):
     # ------------------------------------------------------------------ forward
 
     def forward(self, x: torch.Tensor, state: dict | None = None):
-        B, T, _ = x.shape
+        B = x.shape[0]
         # a segment is the span of backpropagation: the memory's rollback (memory.py) cannot reach a previous one
         state = self.initial_state(B, x.device) if state is None else {k: v.detach() for k, v in state.items()}
         if self.kind != "lstm" and state["memory"].shape[0] != B:
             raise ValueError(f"the state holds {state['memory'].shape[0]} streams, the input {B}")
-        if "ring" in state and state["ring"].device.type != "cpu":
-            state["ring"] = state["ring"].cpu()  # a checkpoint loaded onto a GPU
-        input_gates = self.controller.input(x).unbind(1)  # one backward node for all steps, not one per step
-        h, c, read = state["h"], state["c"], state["read"]
+        if self.kind in SPARSE:
+            self.convert_usage(state)
+            if self.age_bounds is not None:  # on the device once, not at every step
+                self.age_bounds = self.age_bounds.to(x.device)
+                self.read_weight_by_age = self.read_weight_by_age.to(x.device)
+        input_gates = self.controller.input(x)  # one backward node for all steps, not one per step
+        recording = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+        captured = self.captured_loop(input_gates, state) if recording else None
+        if captured is not None:
+            hs, reads, token = captured(input_gates, state)
+        else:
+            hs, reads, token = self.time_loop(input_gates, state, recording)
+        y = self.output(torch.cat([hs, reads], -1))
+        return (y if token is None else y + token), state
+
+    def time_loop(self, input_gates: torch.Tensor, state: dict, recording: bool):
+        """The T steps of the controller and the memory over input_gates (B, T, 4 hidden), the controller's input
+        share of the gates; updates state (h, c, read, and the memory's tensors). Returns the controller's outputs
+        (B, T, hidden), the reads (B, T, heads * word_size) and, for the sparse kinds, the token that the loss must
+        reach (memory.py; else None). recording: keep what the backward needs."""
         step = {"sam": self._sparse_step, "sdnc": self._sparse_step, "dam": self._dense_step,
                 "dnc": self._dense_step, "lstm": None}[self.kind]
-        context = {}
-        if self.kind in SPARSE:
-            recording = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
-            context["tape"] = Tape(state["memory"], self.gradient_buffers, recording)
-            context["faiss"] = self.faiss_index(state) if self.cfg.index == "faiss" else None
-            context["ring"] = usage.Ring(state["ring"])
-            # word index + offset = the row of the (B * N, W) view of the memory
-            context["offsets"] = (torch.arange(B, device=x.device) * self.cfg.words).view(B, 1, 1)
+        context = self.sparse_context(state, recording) if self.kind in SPARSE else {}
+        h, c, read = state["h"], state["c"], state["read"]
         hs, reads = [], []
-        for t in range(T):
-            h, c = self.controller.step(input_gates[t], read, h, c)
+        for gates in input_gates.unbind(1):
+            h, c = self.controller.step(gates, read, h, c)
             if step is not None:
                 read = step(self.interface(h).float(), state, context)
             hs.append(h)
             reads.append(read)
         state.update(h=h, c=c, read=read)
-        y = self.output(torch.cat([torch.stack(hs, 1), torch.stack(reads, 1)], -1))
+        token = None
         if self.kind in SPARSE:
             # a zero: the loss reaches every step's backward (memory.py). The tape forgets it: every step's ctx
             # holds the tape, so a token kept there would close a cycle (graph -> ctx -> tape -> token -> graph)
             # that Python's collector cannot free, and each training step's graph would stay in memory.
             token, context["tape"].token = context["tape"].token, None
-            y = y + token
-        return y, state
+        return torch.stack(hs, 1), torch.stack(reads, 1), token
+
+    def captured_loop(self, input_gates: torch.Tensor, state: dict):
+        """The training time loop of this shape replayed from CUDA graphs (graphs.CapturedLoop), or None: off by
+        config, off the GPU, with FAISS (its index is on the CPU), outside training, and at a shape's first call,
+        which runs eagerly (kernels compile; a FLOP profiler counts that call's operations once)."""
+        cfg = self.cfg
+        if not (cfg.cuda_graph and input_gates.is_cuda and self.kind in SPARSE and cfg.index == "exact"
+                and self.training):
+            return None
+        key = (tuple(input_gates.shape), input_gates.dtype, torch.is_autocast_enabled("cuda"),
+               torch.get_autocast_dtype("cuda"), tuple((k, v.dtype, tuple(v.shape)) for k, v in state.items()))
+        loops = self.__dict__.setdefault("_captured", {})  # not a module attribute: no state_dict, no .to()
+        if key not in loops:
+            loops[key] = None
+            while len(loops) > CAPTURED_SHAPES:  # the oldest shape's graphs (and their memory) go
+                loops.pop(next(iter(loops)))
+            return None
+        if loops[key] is None:
+            loops[key] = CapturedLoop(self, input_gates, state)
+        return loops[key]
+
+    def convert_usage(self, state: dict) -> None:
+        """The usage in the form this core's index uses (usage.py), in place: a state written with the other index
+        (or before the exact path kept its usage on the device) is converted once, before the time loop."""
+        if self.cfg.index == "faiss":
+            if "last_access" in state:
+                state["ring"] = usage.ring_from_last_access(state.pop("last_access"))
+            if state["ring"].device.type != "cpu":
+                state["ring"] = state["ring"].cpu()  # a checkpoint loaded onto a GPU
+        elif "ring" in state:
+            state["last_access"] = usage.last_access_from_ring(state.pop("ring"), state["memory"].device)
+
+    def sparse_context(self, state: dict, recording: bool) -> dict:
+        """What the sparse steps of one forward share: the tape (memory.py), the FAISS index and its usage ring
+        (None with exact search, whose usage is the state's last_access) and the row offsets of the streams."""
+        memory = state["memory"]
+        faiss = self.faiss_index(state) if self.cfg.index == "faiss" else None
+        return {"tape": Tape(memory, self.gradient_buffers, recording), "faiss": faiss,
+                "ring": usage.Ring(state["ring"]) if faiss is not None else None,
+                # word index + offset = the row of the (B * N, W) view of the memory
+                "offsets": (torch.arange(memory.shape[0], device=memory.device) * self.cfg.words).view(-1, 1, 1)}
 
     def _heads(self, interface: torch.Tensor):
         B, H, W = interface.shape[0], self.cfg.heads, self.cfg.word_size
@@ -213,7 +273,10 @@ class MemoryCore(nn.Module):
         query, strength, word, alpha, gamma, modes = self._heads(interface)
         memory, ring = state["memory"], context["ring"]
         # write (3.3): the previously read words and each head's least recently used word, erased first
-        lru = torch.tensor(ring.least_recent(cfg.heads), device=memory.device)  # (B, H)
+        if ring is None:
+            lru = usage.least_recent(state["last_access"], cfg.heads)  # (B, H)
+        else:
+            lru = torch.tensor(ring.least_recent(cfg.heads), device=memory.device)
         written = torch.cat([state["read_words"], lru[..., None]], -1)  # (B, H, K + 1)
         coeffs = alpha[..., None] * torch.cat([gamma[..., None] * state["read_weights"], (1 - gamma)[..., None]], -1)
         tape.token = SparseWrite.apply(tape.token, coeffs, word, tape, written + offsets, (lru + offsets[:, 0]).view(-1))
@@ -238,8 +301,12 @@ class MemoryCore(nn.Module):
                                modes[..., 2:] * backward_weights], -1)
             read_words, read_weights = select_read(candidates, mixed, K, N)
             read, tape.token = ReadWords.apply(tape.token, read_weights, tape, read_words + offsets)
-        ring.touch(usage.accessed_words(torch.cat([written.flatten(1), read_words.flatten(1)], 1),
-                                        torch.cat([coeffs.flatten(1), read_weights.flatten(1)], 1), cfg.delta))
+        entries = torch.cat([written.flatten(1), read_words.flatten(1)], 1)
+        entry_weights = torch.cat([coeffs.flatten(1), read_weights.flatten(1)], 1)
+        if ring is None:
+            usage.touch(state["last_access"], entries, entry_weights, cfg.delta, state["clock"])
+        else:
+            ring.touch(usage.accessed_words(entries, entry_weights, cfg.delta))
         clock = state["clock"][:, None]
         state["written_at"].scatter_reduce_(1, written.flatten(1), torch.where(coeffs.flatten(1) > cfg.delta, clock, -1),
                                             reduce="amax")
@@ -255,9 +322,8 @@ class MemoryCore(nn.Module):
         (with a weight above delta), bucketed by age_bounds; never-written words in the last bucket."""
         written_at = state["written_at"].gather(1, read_words.flatten(1)).view_as(read_words)
         age = state["clock"].view(-1, 1, 1) - written_at
-        bucket = torch.bucketize(age, self.age_bounds.to(age.device), right=True)
+        bucket = torch.bucketize(age, self.age_bounds, right=True)
         bucket = torch.where(written_at < 0, len(self.age_bounds) + 1, bucket)
-        self.read_weight_by_age = self.read_weight_by_age.to(read_weights.device)
         self.read_weight_by_age.index_add_(0, bucket.flatten(), read_weights.flatten().double())
 
     def _dense_step(self, interface, state, context):

@@ -2,13 +2,22 @@
 
 SAM's usage U^(2)(i) is the number of steps since word i was last accessed, a step accessing it when its write
 and read weights, summed over heads, exceed delta (a^W(i) + a^R(i) > delta); the word to overwrite is the one
-accessed longest ago. The thesis keeps the words in a ring ordered by their last
-access (3.3.3): a doubly linked list whose head is the least recently used word; an access moves a word to the
-back and finding the least recently used word reads the head, both O(1) whatever the memory size. Here the ring
-of each stream is a row of one int64 tensor, `ring[b, 0]` the previous and `ring[b, 1]` the next node of every
-word, node N being the sentinel between the back and the head, so the ring is part of a model's state and goes
-into checkpoints. It is walked in Python (a few pointer moves per access), on the CPU whatever the device of the
-memory.
+accessed longest ago. Two forms of the same order, chosen by the read's index:
+
+- With exact search (the GPU path) every word's last access is a stamp in a (B, N) int64 tensor on the memory's
+  device (`new_last_access`, `touch`, `least_recent`): an access stamps the words a step accessed with
+  clock * E + their rank in the step's E entries (E fixed per model), so stamps order the words exactly as the
+  ring below does, and finding the least recently used words is a top-k over N stamps: O(N) per step like the
+  exact scan itself, with no host round trip, so a training step never waits for the CPU.
+- With the FAISS index (CPU-only by nature) the words sit in the thesis's ring ordered by their last access
+  (3.3.3): a doubly linked list whose head is the least recently used word; an access moves a word to the back
+  and finding the least recently used word reads the head, both O(1) whatever the memory size, so that the
+  index's step cost stays flat in N. The ring of each stream is a row of one int64 tensor, `ring[b, 0]` the
+  previous and `ring[b, 1]` the next node of every word, node N being the sentinel between the back and the
+  head, walked in Python (a few pointer moves per access) on the CPU.
+
+Both are part of a model's state and go into checkpoints; `ring_from_last_access` and `last_access_from_ring`
+convert one into the other (a state carried to a model with the other index).
 
 DAM's usage U^(1) is the discounted sum of all read and write weights, a dense (B, N) tensor (`discounted_usage`).
 """
@@ -27,7 +36,8 @@ def new_ring(batch: int, words: int) -> torch.Tensor:
 
 class Ring:
     """Pointer access to a ring tensor (batch, 2, words + 1) on the CPU, for one forward: memoryviews of its rows,
-    made once, share its storage, so the moves below change the tensor."""
+    made once, share its storage, so the moves below change the tensor. The FAISS index's path (module
+    docstring)."""
 
     def __init__(self, ring: torch.Tensor):
         if ring.device.type != "cpu" or ring.dtype != torch.int64:
@@ -72,17 +82,70 @@ class Ring:
         return words
 
 
-def accessed_words(indices: torch.Tensor, weights: torch.Tensor, delta: float) -> list[list[int]]:
-    """Per stream, the words among `indices` (B, E) whose weights (same shape) sum to more than delta, in the
-    order of their first entry: U^(2)'s access (3.2.3), a^W(i) + a^R(i) > delta, with the entries of every head's
-    write and read of the step given together."""
+def accessed(indices: torch.Tensor, weights: torch.Tensor, delta: float) -> torch.Tensor:
+    """(B, E) bool: the first entry of every word among `indices` (B, E) whose weights (same shape) sum to more
+    than delta: U^(2)'s access (3.2.3), a^W(i) + a^R(i) > delta, with the entries of every head's write and read
+    of the step given together. On the indices' device, without a host round trip."""
     weights = weights.detach()
     same = indices[:, :, None] == indices[:, None, :]
     totals = (same.to(weights.dtype) * weights[:, None, :]).sum(-1)
     earlier = torch.ones(indices.shape[1], indices.shape[1], dtype=torch.bool, device=indices.device).tril(-1)
     first = ~(same & earlier).any(-1)
-    flat = torch.where(first & (totals > delta), indices, -1).tolist()
+    return first & (totals > delta)
+
+
+def accessed_words(indices: torch.Tensor, weights: torch.Tensor, delta: float) -> list[list[int]]:
+    """`accessed` as the ring takes it: per stream, the accessed words in the order of their first entry."""
+    flat = torch.where(accessed(indices, weights, delta), indices, -1).tolist()
     return [[i for i in row if i >= 0] for row in flat]
+
+
+def new_last_access(batch: int, words: int, device=None) -> torch.Tensor:
+    """(batch, words) int64 stamps of memories never accessed, ordered as new_ring's words (word 0 used least
+    recently); all negative, below every access's stamp."""
+    if words < 1:
+        raise ValueError(f"a memory needs at least one word, not {words}")
+    return (torch.arange(words, device=device) - words).expand(batch, words).clone()
+
+
+def least_recent(last_access: torch.Tensor, count: int) -> torch.Tensor:
+    """(B, count) int64: the `count` least recently used words of every stream, least recent first (stamps are
+    distinct within a stream, so there are no ties to break)."""
+    if count > last_access.shape[1]:
+        raise ValueError(f"asked for {count} words of a memory of {last_access.shape[1]}")
+    return last_access.topk(count, dim=1, largest=False).indices
+
+
+def touch(last_access: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, delta: float,
+          clock: torch.Tensor) -> None:
+    """Stamp, in place, the words `accessed` among the step's entries (indices, weights: (B, E)) as the most
+    recently used, in the order of their first entry, as Ring.touch moves them: word stamps
+    clock * E + rank, above every earlier step's (clock (B,) counts the stream's steps)."""
+    hit = accessed(indices, weights, delta)
+    entries = indices.shape[1]
+    stamps = clock[:, None] * entries + hit.cumsum(1) - 1
+    unchanged = torch.iinfo(torch.int64).min  # amax with the old stamp keeps it
+    last_access.scatter_reduce_(1, indices, torch.where(hit, stamps, unchanged), reduce="amax")
+
+
+def ring_from_last_access(last_access: torch.Tensor) -> torch.Tensor:
+    """The ring (B, 2, N + 1) that orders every stream's words as its stamps do."""
+    order = last_access.argsort(dim=1).cpu()  # least recent first
+    B, N = order.shape
+    sentinel = torch.full((B, 1), N, dtype=torch.int64)
+    chain = torch.cat([sentinel, order, sentinel], 1)  # sentinel, head .. back, sentinel
+    ring = torch.empty(B, 2, N + 1, dtype=torch.int64)
+    ring[:, 0].scatter_(1, chain[:, 1:], chain[:, :-1])  # prev of each node
+    ring[:, 1].scatter_(1, chain[:, :-1], chain[:, 1:])  # next of each node
+    return ring
+
+
+def last_access_from_ring(ring: torch.Tensor, device=None) -> torch.Tensor:
+    """Stamps (B, N) that order every stream's words as the ring does (walked on the host, once)."""
+    walk = Ring(ring.cpu())
+    order = torch.tensor([walk.order(b) for b in range(ring.shape[0])], dtype=torch.int64)
+    stamps = torch.empty_like(order).scatter_(1, order, new_last_access(*order.shape))
+    return stamps.to(device)
 
 
 def discounted_usage(usage: torch.Tensor, discount: float, *weights: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,8 @@
 
 - a dense float64 computation of the same steps, an ordinary autograd graph over out-of-place memories with the
   read restricted to the K nearest words it finds itself: reads and every gradient;
-- the least recently used words the ring chooses, against the last access times kept by brute force;
+- the least recently used words the usage chooses (the device's stamps and the FAISS path's ring), against the
+  last access times kept by brute force, and the two forms against each other;
 - the memory during the backward, against copies taken during the forward (the rollback of 3.2.6), and after
   it, against the forward's final memory (the writes are redone).
 """
@@ -32,7 +33,7 @@ def interface_split(itf):
 
 def dense_reference(interfaces, memory, erased):
     """Eq. 3.1-3.3 with dense (B, H, N) weights and out-of-place memories, the read restricted to the K words of
-    largest cosine, the erased words given (each step's choice of the ring, checked separately)."""
+    largest cosine, the erased words given (each step's choice of the usage, checked separately)."""
     read_weights = torch.zeros(B, H, N, dtype=torch.float64)
     reads, accesses = [], []
     for itf, lru in zip(interfaces, erased):
@@ -55,11 +56,10 @@ def sparse_run(core, interfaces, memory):
     """The core's sparse steps (core.py) on the given interfaces; returns reads, the erased words of each step."""
     state = core.initial_state(B, "cpu")
     state["memory"], state["read_weights"] = memory.clone(), state["read_weights"].double()
-    context = {"tape": Tape(state["memory"], core.gradient_buffers, True), "faiss": None,
-               "ring": usage.Ring(state["ring"]), "offsets": (torch.arange(B) * N).view(B, 1, 1)}
+    context = core.sparse_context(state, True)
     reads, erased = [], []
     for itf in interfaces:
-        erased.append(context["ring"].least_recent(H))  # what the step will erase
+        erased.append(usage.least_recent(state["last_access"], H).tolist())  # what the step will erase
         reads.append(core._sparse_step(itf, state, context))
     return torch.stack(reads) + context["tape"].token, erased, state
 
@@ -80,7 +80,7 @@ def test_sparse_steps_match_a_dense_computation_restricted_to_k_in_float64():
     for got, want in zip(grads, want_grads):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
     assert all(g.abs().max() > 1e-3 for g in grads[:-1])  # every step's interface gets a gradient
-    # the ring's choices were least recently used words: brute-force last access times, from the dense weights
+    # the usage's choices were least recently used words: brute-force last access times, from the dense weights
     last = torch.full((B, N), -1)
     for t, (write, read) in enumerate(accesses):
         for b in range(B):
@@ -91,23 +91,54 @@ def test_sparse_steps_match_a_dense_computation_restricted_to_k_in_float64():
     assert len({w for step in erased for w in step[0]}) > H  # several different words were erased
 
 
-def test_usage_ring_against_brute_force_argmin():
-    """Random accesses: the ring's least recently used words are those of smallest last access time."""
+def test_usage_against_brute_force_argmin():
+    """Random accesses (some entries below delta, words repeated within a step): the least recently used words,
+    from the device's stamps and from the FAISS path's ring, are those of smallest last access time; both forms
+    order every word the same, and each converts into the other."""
     g = torch.Generator().manual_seed(1)
-    words, streams = 50, 3
+    words, streams, entries, delta = 50, 3, 6, 0.5
     ring = usage.Ring(usage.new_ring(streams, words))
+    stamps = usage.new_last_access(streams, words)
     last = torch.full((streams, words), -1)
     for t in range(200):
-        accessed = [torch.randint(words, (int(torch.randint(0, 6, (1,), generator=g)),), generator=g).tolist()
-                    for _ in range(streams)]
-        ring.touch(accessed)
-        for b, ws in enumerate(accessed):
-            last[b, ws] = t
+        indices = torch.randint(words, (streams, entries), generator=g)
+        weights = torch.randint(2, (streams, entries), generator=g).double()  # 0: below delta, not an access
+        ring.touch(usage.accessed_words(indices, weights, delta))
+        usage.touch(stamps, indices, weights, delta, torch.full((streams,), t))
+        for b in range(streams):
+            last[b, indices[b][weights[b] > delta]] = t
+        from_stamps = usage.least_recent(stamps, 3).tolist()
         for b, chosen in enumerate(ring.least_recent(3)):
             assert sorted(last[b, chosen].tolist()) == sorted(last[b].tolist())[:3]
             if len(set(last[b].tolist())) == words:  # no ties: the argmin itself
                 assert chosen[0] == int(last[b].argmin())
+            assert from_stamps[b] == chosen
+            assert stamps[b].argsort().tolist() == ring.order(b)
         assert sorted(ring.order(0)) == list(range(words))  # still a ring of every word
+    converted = usage.Ring(usage.ring_from_last_access(stamps))
+    back = usage.last_access_from_ring(usage.ring_from_last_access(stamps))
+    for b in range(streams):
+        assert converted.order(b) == ring.order(b)
+        assert back[b].argsort().tolist() == ring.order(b)
+
+
+def test_the_device_usage_and_the_ring_make_the_same_steps():
+    """SAM's steps with the stamps (exact search's usage) and with the ring (the FAISS path's) on the same
+    interfaces erase the same words and read exactly the same values."""
+    core = MemoryCore(MemoryConfig(kind="sam", hidden=4, heads=H, word_size=W, words=N, k=K), 3, 3)
+    g = torch.Generator().manual_seed(2)
+    memory = torch.randn(B, N, W, generator=g, dtype=torch.float64)
+    interfaces = [torch.randn(B, H * (2 * W + 3), generator=g, dtype=torch.float64) for _ in range(3 * STEPS)]
+    runs = []
+    for with_ring in (False, True):
+        state = core.initial_state(B, "cpu")
+        state["memory"], state["read_weights"] = memory.clone(), state["read_weights"].double()
+        context = core.sparse_context(state, False)
+        if with_ring:
+            context["ring"] = usage.Ring(usage.new_ring(B, N))
+        reads = [core._sparse_step(itf, state, context) for itf in interfaces]
+        runs.append((torch.stack(reads), state["memory"]))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
 
 
 def test_an_access_is_the_sum_of_a_steps_weights_on_a_word_over_heads_reads_and_writes():
@@ -130,18 +161,15 @@ def test_a_step_counts_a_word_read_and_written_below_delta_each_as_accessed():
     state = core.initial_state(1, "cpu")
     state["memory"][0, 0, 0], state["memory"][0, 1, 1] = 1.0, 1.0
     state["read_words"], state["read_weights"] = torch.tensor([[[1, 2]]]), torch.tensor([[[0.012, 0.0]]])
-    ring = usage.Ring(state["ring"])
-    ring.touch([[0, 1, 2, 3, 4]])
+    state["last_access"] = torch.tensor([[-5, -4, -3, -2, -1, -6]])  # stamps below the step's (clock 0)
     strength = math.log(0.997 / 0.003)  # read weight 1 / (1 + e^(beta (cos 1 - cos 0))) = 0.003 on word 1
     raw_strength = math.log(math.expm1(strength - 1))  # beta = 1 + softplus(raw)
     interface = torch.tensor([[1.0, 0.0, 0.0, -1.0, 0.0, 0.0, raw_strength, 0.0, 0.0]])  # q, w, beta, alpha, gamma
-    context = {"tape": Tape(state["memory"], core.gradient_buffers, False), "faiss": None, "ring": ring,
-               "offsets": torch.zeros(1, 1, 1, dtype=torch.int64)}
-    core._sparse_step(interface, state, context)
+    core._sparse_step(interface, state, core.sparse_context(state, False))
     assert state["read_words"].tolist() == [[[0, 1]]]
     read = float(state["read_weights"][0, 0, 1])
     assert 0.0025 < read < cfg.delta and 0.003 + read > cfg.delta  # below delta alone, above it with the write
-    assert ring.order(0) == [2, 3, 4, 1, 5, 0]
+    assert state["last_access"][0].argsort().tolist() == [2, 3, 4, 1, 5, 0]
 
 
 def test_backward_rolls_the_memory_back_step_by_step_then_redoes_the_writes(monkeypatch):
@@ -275,8 +303,7 @@ def test_gradients_match_finite_differences(kind, monkeypatch):
         state["memory"] = memory.clone()
         if kind == "sdnc":
             state.update({k: v.double() if v.is_floating_point() else v.clone() for k, v in fixed_links.items()})
-        context = {"tape": Tape(state["memory"], core.gradient_buffers, torch.is_grad_enabled()), "faiss": None,
-                   "ring": usage.Ring(state["ring"]), "offsets": (torch.arange(b) * n).view(b, 1, 1)}
+        context = core.sparse_context(state, torch.is_grad_enabled())
         reads = [core._sparse_step(itf[t], state, context) for t in range(steps)]
         return torch.stack(reads) + context["tape"].token
 

@@ -4,7 +4,7 @@ import io
 
 import torch
 
-from projects.sam import configs
+from projects.sam import configs, usage
 from projects.sam.model import Model
 
 
@@ -23,7 +23,7 @@ def test_a_checkpointed_state_continues_exactly():
     torch.save(state, buffer)  # as languini/checkpoint.py stores the trainer's states
     buffer.seek(0)
     restored = torch.load(buffer)
-    assert restored["memory"].abs().sum() > 0 and restored["ring"].dtype == torch.int64
+    assert restored["memory"].abs().sum() > 0 and restored["last_access"].dtype == torch.int64
     with torch.no_grad():
         continued, _ = model(x2, state)
         resumed, _ = model(x2, restored)
@@ -56,3 +56,18 @@ def test_read_statistics_bucket_the_age_of_the_words_read():
     assert list(shares) == ["0-7 steps", "8-63 steps", ">= 64 steps", "never written"]
     assert abs(sum(shares.values()) - 1) < 1e-9 and shares[">= 64 steps"] == 0.0 and shares["0-7 steps"] > 0
     assert abs(stats["reads"] - 12 * 8 * 2 * 2) < 1e-6  # steps x streams x heads, each head's weights sum to 1
+
+
+def test_a_state_with_the_ring_continues_as_with_the_stamps():
+    """A state saved before the exact path kept its usage on the device holds the ring: the core converts it once
+    and continues exactly as from the stamps it would hold now."""
+    model = small_model()
+    with torch.no_grad():
+        _, state = model(torch.randint(2048, (2, 30)))
+        old = {k: v.clone() for k, v in state.items() if k != "last_access"}
+        old["ring"] = usage.ring_from_last_access(state["last_access"])
+        x = torch.randint(2048, (2, 20))
+        continued, state = model(x, state)
+        converted, old = model(x, old)
+    assert "ring" not in old and torch.equal(old["last_access"].argsort(), state["last_access"].argsort())
+    assert torch.equal(converted, continued)
