@@ -11,7 +11,8 @@ from projects.peer_gpt.ops.peer_experts.naive import peer_experts_reference
 from projects.peer_gpt.ops.peer_experts.triton import peer_experts_triton
 
 IMPLEMENTATIONS = {
-    "reference": lambda *a: peer_experts(*a, use_triton=False),
+    "reference-gathered": lambda *a: peer_experts_reference(*a, every_expert=False),
+    "reference-every-expert": lambda *a: peer_experts_reference(*a, every_expert=True),
     "triton": lambda *a: peer_experts(*a, use_triton=True),
     "reference-sparse": lambda *a: peer_experts(*a, use_triton=False, sparse_experts=True),
     "triton-sparse": lambda *a: peer_experts(*a, use_triton=True, sparse_experts=True),
@@ -112,10 +113,28 @@ def test_experts_not_read_get_zero_gradient(device):
         assert torch.all(grad[~read] == 0) and torch.all(grad[read].abs().sum(1) > 0)
 
 
-def test_reference_gradients_by_gradcheck_in_float64():
+@pytest.mark.parametrize("every_expert", [False, True], ids=["gathered", "every-expert"])
+def test_reference_gradients_by_gradcheck_in_float64(every_expert):
     x, down, up, indices, weights, _ = random_inputs(3, 5, 4, 6, (torch.float64,) * 3, seed=7)
     inputs = [t.requires_grad_() for t in (x, down, up, weights)]
-    assert torch.autograd.gradcheck(lambda x, d, u, w: peer_experts_reference(x, d, u, indices, w), inputs)
+    assert torch.autograd.gradcheck(
+        lambda x, d, u, w: peer_experts_reference(x, d, u, indices, w, every_expert=every_expert), inputs)
+
+
+def test_cpu_path_computes_every_experts_input_only_for_small_tables():
+    from projects.peer_gpt.ops.peer_experts.naive import EVERY_EXPERT_UP_TO
+
+    calls = []
+    original = torch.Tensor.gather
+    x, down, up, indices, weights, _ = random_inputs(2, 8 * EVERY_EXPERT_UP_TO + 1, 3, 8, (torch.float32,) * 3, 1)
+    try:
+        torch.Tensor.gather = lambda *a, **k: calls.append(1) or original(*a, **k)
+        peer_experts(x, down, up, indices, weights)
+        assert not calls  # N > 32 M: the gathered products
+        peer_experts(x, down[:-1], up[:-1], indices, weights)
+        assert calls  # N = 32 M: every expert's input, then the chosen ones
+    finally:
+        torch.Tensor.gather = original
 
 
 def test_empty_batch(device):
