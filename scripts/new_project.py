@@ -10,8 +10,8 @@ the autograd Function; __init__.py: the public entry and the op's kernel_scenari
 kernel_scenarios() that scripts/compile_kernels.py calls, and tests/NAME/test_OP.py. The op is a placeholder
 (silu(a) * b, elementwise) to replace with yours; the model does not call it until you make it.
 
-Refuses to overwrite: nothing is written when projects/NAME or tests/NAME exists. The repository's layout is
-in languini/README.md, "Adding a project".
+Refuses to overwrite: nothing is written when projects/NAME or tests/NAME exists. The steps after this one:
+projects/README.md, "Adding a project".
 
     python scripts/new_project.py mygpt --op swiglu
     python scripts/new_project.py my_lstm --from qlstm
@@ -194,8 +194,8 @@ The sizes copied from ${source}, and `cpu`, sized for a smoke test on a CPU with
 ## Measured
 Nothing yet. `throughput.csv` has no row: a CPU class times the `cpu` model on the machine first; a GPU class needs
 `python scripts/measure_throughput.py ${name} <config> --sweep --registry projects/${name}/throughput.csv` on the
-reference GPU (languini/README.md, "Adding a project"). Each number written here names its command, the machine,
-the date and the commit.
+reference GPU ([../README.md](../README.md), step 6). Each number written here names its command, the machine, the
+date and the commit.
 
 ## Tests (`tests/${name}/`)
 `python -m pytest -q tests/${name} tests/core/test_contract.py -k ${name}`: the model contract, and what is
@@ -566,12 +566,12 @@ def next_steps(name: str, source: str, op: str | None) -> str:
     steps += [f"on the reference GPU: python scripts/measure_throughput.py {name} <config> --sweep --registry "
               f"projects/{name}/throughput.csv, then commit the row",
               f"git add projects/{name} tests/{name} && git commit   # and a row in README.md's project table",
-              "the whole checklist: languini/README.md, \"Adding a project\""]
+              "the whole checklist: projects/README.md"]
     return "\n".join(f"  {i}. {step}" for i, step in enumerate(steps, 1))
 
 
 def main(argv=None, root: Path = ROOT) -> list[str]:
-    parser = Parser(description=__doc__.split("\n\n")[0], epilog="languini/README.md, 'Adding a project'")
+    parser = Parser(description=__doc__.split("\n\n")[0], epilog="the checklist: projects/README.md")
     parser.add_argument("name", help="the new project's name: projects/<name>/, a lowercase Python identifier")
     parser.add_argument("--from", dest="source", default="gpt",
                         help="the project to start from (default gpt, the baseline)")
