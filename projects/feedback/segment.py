@@ -92,23 +92,23 @@ def memory_keys_values(w: Weights, m: torch.Tensor) -> torch.Tensor:
     return torch.addmm(w.shared.kv_b, n, w.shared.kv_w.t())
 
 
-def step_forward(w: Weights, ops, xs_t, m_t, kv, start: int, slot: int, hs_t, qs_t, ys_t, attn_t, fs_t) -> None:
-    """One step for the whole batch: every layer of x_t^0 = xs_t[0] over the window of kv from `start`, then the
-    memory vector m_t and its key and value into `slot` of kv. Writes xs_t[1:], m_t and the stores hs_t .. fs_t
-    (attn_t None: no backward to come, the attention keeps nothing)."""
+def step_forward(w: Weights, attend, xs_t, m_t, hs_t, qs_t, ys_t, fs_t) -> torch.Tensor:
+    """One step for the whole batch: every layer of x_t^0 = xs_t[0], layer l's attention by attend(l, q, y) (y
+    (B, H, D) <- the attention of the queries q (B, H, D) over the memory window), then the memory vector m_t.
+    Writes xs_t[1:], m_t and the stores hs_t .. fs_t; returns m_t's key and value (B, 2, H, D) in the compute dtype
+    for the caller's buffer."""
     L1, B, d = xs_t.shape
     x = xs_t[0]
     for l, lw in enumerate(w.layers):
         a = F.layer_norm(x, (d,), lw.ln1_w, lw.ln1_b, EPS).to(w.cdt)
         torch.addmm(lw.q_b, a, lw.q_w.t(), out=qs_t[l].view(B, -1))
-        ops.attend(qs_t[l], kv[0], kv[1], w.shared.pos, start, w.scale, ys_t[l],
-                   None if attn_t is None else attn_t[l])
+        attend(l, qs_t[l], ys_t[l])
         h = torch.add(x, torch.addmm(lw.o_b, ys_t[l].view(B, -1), lw.o_w.t()), out=hs_t[l])
         c = F.layer_norm(h, (d,), lw.ln2_w, lw.ln2_b, EPS).to(w.cdt)
         g = F.gelu(torch.addmm(lw.fc_b, c, lw.fc_w.t(), out=fs_t[l]), approximate="tanh")
         x = torch.add(h, torch.addmm(lw.proj_b, g, lw.proj_w.t()), out=xs_t[l + 1])
     torch.mm(w.mix.view(1, L1), xs_t.view(L1, B * d), out=m_t.view(1, B * d))
-    kv[:, :, :, slot] = memory_keys_values(w, m_t).view(B, 2, w.n_heads, -1).transpose(0, 1)
+    return memory_keys_values(w, m_t).view(B, 2, w.n_heads, -1)
 
 
 def forward_segment(w: Weights, ops, x0: torch.Tensor, mem: torch.Tensor, keep: bool):
@@ -133,7 +133,11 @@ def forward_segment(w: Weights, ops, x0: torch.Tensor, mem: torch.Tensor, keep: 
     fs = x0.new_empty(n, L, B, w.layers[0].fc_w.shape[0], dtype=w.cdt)
     for t in range(T):
         i = t if keep else 0
-        step_forward(w, ops, xs[t], ms[t], kv, t, tau + t, hs[i], qs[i], ys[i], attn[t] if keep else None, fs[i])
+
+        def attend(l, q, y, t=t):  # step t's window: slots t .. t + tau - 1
+            ops.attend(q, kv[0], kv[1], w.shared.pos, t, w.scale, y, attn[t, l] if keep else None)
+
+        kv[:, :, :, tau + t] = step_forward(w, attend, xs[t], ms[t], hs[i], qs[i], ys[i], fs[i]).transpose(0, 1)
     new_mem = torch.cat([mem[:, min(T, tau):], ms[max(T - tau, 0):].transpose(0, 1)], dim=1)  # the last tau
     saved = Saved(xs, hs, qs, ys, attn, fs, ms, mem, kv) if keep else None
     return xs[:, L].transpose(0, 1), new_mem, saved
