@@ -2,12 +2,14 @@
 key/value cache, at long contexts (the slides: 2,176 against 592 tokens/s, because one memory vector per step is
 shared by all layers: one key/value projection and one cache instead of L).
 
-    python projects/feedback/bench_generation.py --config cpu --contexts 128 256 512 1024 2048 --streams 1 16 --threads 1
+    python projects/feedback/bench_generation.py --config cpu --contexts 128 256 512 1024 2048 --streams 1 16 \
+        --threads 1 --clock process --repeats 5
 
 For each context C: the Feedback Transformer with a memory of tau = C steps and the GPT (projects/gpt's, copied in
 gpt_baseline.py) with a cache and position table of C positions, both with the config's width, depth and heads and
 fresh random weights, in the run's precision; --streams sequences generated at once. Two measurements per
-model, each after an untimed run of --tokens steps, every run with a fresh decoder:
+model, each after an untimed run of --tokens steps, every run with a fresh decoder, the two models' runs
+alternating (a shared machine's load falls on both):
 - **at C**: tokens/s of --tokens steps at positions C - tokens .. C - 1: the GPT's cache holds nearly C positions
   (random keys and values: the time does not depend on them), the Feedback Transformer's ring is full (a random
   carried memory of tau vectors). The median of --repeats runs.
@@ -21,6 +23,7 @@ import dataclasses
 import io
 import statistics
 import sys
+import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
@@ -65,31 +68,30 @@ def new_decoder(model, streams: int, context: int, tokens: int, from_empty: bool
     return decoder
 
 
-def tokens_per_second(model, streams: int, context: int, tokens: int, repeats: int, from_empty: bool,
-                      precision: str, device) -> float:
-    """Tokens/s of `tokens` steps at the end of the context, or of all `context` steps from an empty one (after an
-    untimed run of `tokens` steps): the median of `repeats` runs, each with a fresh decoder."""
+def tokens_per_second(models: dict, streams: int, context: int, tokens: int, repeats: int, from_empty: bool,
+                      precision: str, device, clock) -> dict:
+    """{name: tokens/s} of `tokens` steps at the end of the context, or of all `context` steps from an empty one:
+    the median of `repeats` runs after an untimed one of `tokens` steps, each run with a fresh decoder (built
+    untimed), the models' runs alternating so that both see the same load of a shared machine."""
     autocast, _, _ = precision_for(device, precision)
-    inputs = torch.randint(model.cfg.vocab_size, (context, streams), device=device)
-    decoders = []
-
-    def prepare():  # untimed
-        with autocast():
-            decoders.append(new_decoder(model, streams, context, tokens, from_empty, device))
-
-    def generating(steps: int):
-        def run(mark):
-            decoder = decoders.pop()
-            with autocast():
-                for t in range(steps):
-                    decoder.step(inputs[t])
-            mark()
-        return run
-
-    time_phases(generating(tokens), device, 0, 1, prepare)
+    inputs = torch.randint(min(m.cfg.vocab_size for m in models.values()), (context, streams), device=device)
     steps = context if from_empty else tokens
-    runs = time_phases(generating(steps), device, repeats, 0, prepare)
-    return streams * steps / statistics.median(run[0] for run in runs)
+    seconds = {name: [] for name in models}
+    for repeat in range(-1, repeats):
+        for name, model in models.items():
+            with autocast():
+                decoder = new_decoder(model, streams, context, tokens, from_empty, device)
+
+            def run(mark, decoder=decoder, n=tokens if repeat < 0 else steps):
+                with autocast():
+                    for t in range(n):
+                        decoder.step(inputs[t])
+                mark()
+
+            elapsed = time_phases(run, device, 1, 0, cpu_clock=clock)[0][0]
+            if repeat >= 0:
+                seconds[name].append(elapsed)
+    return {name: streams * steps / statistics.median(runs) for name, runs in seconds.items()}
 
 
 def main(argv=None):
@@ -103,6 +105,9 @@ def main(argv=None):
     add_bool_flag(parser, "--from_empty", True, "also time generating the whole context from an empty one")
     parser.add_argument("--precision", default="auto", help="auto (bf16 on GPU, fp32 on CPU), bf16, fp32")
     parser.add_argument("--threads", type=int, default=None, help="torch's CPU threads (default: torch's own)")
+    parser.add_argument("--clock", default="wall", choices=("wall", "process"),
+                        help="on a CPU: wall time, or the seconds this process ran (with --threads 1: what other "
+                             "processes of a shared machine take is not counted)")
     parser.add_argument("--csv", default=None, help="write the rows to this CSV")
     args = parser.parse_args(argv)
     if args.threads:
@@ -110,21 +115,22 @@ def main(argv=None):
     if min(args.contexts) < args.tokens or args.tokens < 1 or min(args.streams) < 1 or args.repeats < 1:
         raise SystemExit(f"need every context >= --tokens ({args.tokens}) >= 1, streams >= 1 and repeats >= 1")
     cfg = configs.get(args.config)
+    clock = time.process_time if args.clock == "process" else time.perf_counter
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     print(f"{args.config}: d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads of {cfg.d_head}, vocab "
           f"{cfg.vocab_size}; {local_device_name(device)}, {torch.get_num_threads()} threads, precision "
-          f"{args.precision}, torch {torch.__version__}; at each context {args.tokens} tokens, median of "
-          f"{args.repeats}; tokens/s")
+          f"{args.precision}, torch {torch.__version__}; {args.clock} clock; at each context {args.tokens} tokens, "
+          f"median of {args.repeats}; tokens/s")
     rows = []
     jobs = [(c, s) for c in args.contexts for s in args.streams]
     for context, streams in tqdm(jobs, desc="contexts x streams", file=sys.stderr):
         gpt, feedback = models(cfg, context, device)
         row = {"context": context, "streams": streams}
-        for name, model in (("gpt", gpt), ("feedback", feedback)):
-            row[f"{name}_at_context"] = tokens_per_second(model, streams, context, args.tokens, args.repeats, False,
-                                                          args.precision, device)
-            row[f"{name}_from_empty"] = (tokens_per_second(model, streams, context, args.tokens, 1, True,
-                                                           args.precision, device) if args.from_empty else None)
+        for kind, from_empty, repeats in (("at_context", False, args.repeats), ("from_empty", True, 1)):
+            speeds = (tokens_per_second({"gpt": gpt, "feedback": feedback}, streams, context, args.tokens, repeats,
+                                        from_empty, args.precision, device, clock)
+                      if args.from_empty or not from_empty else {"gpt": None, "feedback": None})
+            row.update({f"{name}_{kind}": speed for name, speed in speeds.items()})
         for kind in ("at_context", "from_empty"):
             gpt_speed = row[f"gpt_{kind}"]
             row[f"ratio_{kind}"] = row[f"feedback_{kind}"] / gpt_speed if gpt_speed else None
