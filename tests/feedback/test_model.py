@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from projects.feedback import configs
+from projects.feedback import configs, segment
 from projects.feedback.model import Decoder, Model
 from tests.feedback import brute_force
 
@@ -65,6 +65,12 @@ def test_fast_path_matches_brute_force(memory, T, tau):
     cfg = small(mem_len=tau, memory=memory, memory_layer=1, attention_impl="naive")
     # float64: the two differ only by the order of their sums
     assert_matches_brute_force(*model_and_inputs(cfg, T), tol=1e-9)
+
+
+def test_fast_path_of_three_layers_matches_brute_force():
+    """From segment.ONE_PASS_MIN_LAYERS layers on, the backward adds a step's key and value gradients in one pass."""
+    cfg = small(mem_len=4, n_layers=segment.ONE_PASS_MIN_LAYERS, attention_impl="naive")
+    assert_matches_brute_force(*model_and_inputs(cfg, 7), tol=1e-9)
 
 
 def test_kernel_path_matches_brute_force(device):
