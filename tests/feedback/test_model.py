@@ -205,6 +205,8 @@ def test_bad_configs_and_states_are_refused():
     model = Model(small())
     with pytest.raises(ValueError, match="state must be the memory"):
         model(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 5, 12))
+    with pytest.raises(ValueError, match="state must be"):  # the decoder's batch is 2, the state's 3
+        Decoder(model, torch.zeros(3, 4, 12), batch=2)
 
 
 def test_kernel_named_before_the_model_moves_to_cuda(monkeypatch):
