@@ -29,12 +29,12 @@ class Timing:
         return (max(self.seconds) - min(self.seconds)) / self.median
 
 
-def _stamp(device: torch.device):
+def _stamp(device: torch.device, cpu_clock: Callable):
     if device.type == "cuda":
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
-    return time.perf_counter()
+    return cpu_clock()
 
 
 def _seconds_between(start, end, device: torch.device) -> float:
@@ -42,11 +42,12 @@ def _seconds_between(start, end, device: torch.device) -> float:
 
 
 def time_phases(run_once: Callable, device: torch.device, repeats: int, warmup: int,
-                before_each: Callable | None = None) -> list[list[float]]:
+                before_each: Callable | None = None, cpu_clock: Callable = time.perf_counter) -> list[list[float]]:
     """Seconds of each phase of each of `repeats` timed runs after `warmup` untimed ones.
 
     run_once(mark) runs once and calls mark() at the end of every phase; before_each() runs before every run,
-    untimed (fresh inputs, a cache flush).
+    untimed (fresh inputs, a cache flush). cpu_clock: the CPU's clock (time.process_time: the seconds this process
+    ran, not those other processes took from it on a shared machine; meaningful with one thread).
     """
     device = torch.device(device)
     for _ in range(warmup):
@@ -57,8 +58,8 @@ def time_phases(run_once: Callable, device: torch.device, repeats: int, warmup: 
     for _ in range(repeats):
         if before_each:
             before_each()
-        stamps = [_stamp(device)]
-        run_once(lambda: stamps.append(_stamp(device)))
+        stamps = [_stamp(device, cpu_clock)]
+        run_once(lambda: stamps.append(_stamp(device, cpu_clock)))
         runs.append(stamps)
     if device.type == "cuda":
         torch.cuda.synchronize(device)

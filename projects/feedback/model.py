@@ -176,30 +176,81 @@ class Model(nn.Module):
 
 
 class Decoder:
-    """Token-by-token generation: the memory's keys and values in a ring of tau slots, one step per token (the
-    segment's step with window start = write slot = n mod tau after n tokens: the oldest slot is read, then
-    overwritten by the new memory vector's key and value). Weights are read once, at the start."""
+    """Token-by-token generation, equal to the forward: a ring of tau key/value slots, one step per token, that
+    attends only over the slots a stream has written.
+
+    Step n (after n tokens) attends over window places 0 .. tau-1 with ring slot s at place (s - n) mod tau (the
+    segment's step with window start = write slot = n mod tau: the oldest slot is read, then overwritten by the new
+    memory vector's key and value). A stream started without a state holds tau zero memory vectors (the model's
+    definition, as the forward's empty_state), whose keys and values are all one pair (those of LN_m(0)): until
+    the ring is full, the tau - n empty places count as one extra slot holding that pair, its score the
+    log-sum-exp of their position scores, exactly their share of the softmax. So step n reads n + 1 keys and
+    values, not tau; the position scores (q against the (tau, D) table shared by every row and head) are computed
+    for all places. Every buffer is allocated here; a step's attention writes into views of them. Weights are
+    read once, at the start."""
 
     @torch.no_grad()
     def __init__(self, model: Model, state: torch.Tensor | None = None, batch: int = 1):
         cfg = model.cfg
-        device = model.pos.device
-        self.model, self.steps = model, 0
-        # the ring in the weights' dtype, given or empty (empty_state is fp32 whatever the weights)
-        mem = (model.empty_state(batch, device) if state is None else state).to(model.kv.weight.dtype)
-        if mem.shape != (batch, cfg.mem_len, cfg.d_model):
+        device, dtype = model.pos.device, model.kv.weight.dtype
+        if state is not None and state.shape != (batch, cfg.mem_len, cfg.d_model):
             raise ValueError(f"state must be (batch, mem_len, d_model) = {(batch, cfg.mem_len, cfg.d_model)}, "
-                             f"got {tuple(mem.shape)}")
-        self.ops = implementation(cfg.attention_impl, device)
-        self.weights = model.segment_weights(model.mix(), model.compute_dtype(device))
-        H, D, L, cdt = cfg.n_heads, cfg.d_head, cfg.n_layers, self.weights.cdt
-        self.kv = segment.memory_keys_values(self.weights, mem.reshape(-1, cfg.d_model)).view(
-            batch, cfg.mem_len, 2, H, D).permute(2, 0, 3, 1, 4).contiguous()
-        self.xs = mem.new_empty(L + 1, batch, cfg.d_model)
-        self.m = mem.new_empty(batch, cfg.d_model)
-        self.hs = mem.new_empty(L, batch, cfg.d_model)
-        self.qs, self.ys = (mem.new_empty(L, batch, H, D, dtype=cdt) for _ in range(2))
-        self.fs = mem.new_empty(L, batch, cfg.mlp_ratio * cfg.d_model, dtype=cdt)
+                             f"got {tuple(state.shape)}")
+        self.model, self.steps = model, 0
+        self.weights = w = model.segment_weights(model.mix(), model.compute_dtype(device))
+        H, D, L, tau, d = cfg.n_heads, cfg.d_head, cfg.n_layers, cfg.mem_len, cfg.d_model
+        # the attention's dtype (fp32 for bf16 products, as the forward's window attention); the keys and values
+        # are rounded to the compute dtype first, as the forward's buffer holds them
+        acc = torch.promote_types(w.cdt, torch.float32)
+        # index 0: the empty memory's key and value; 1 + s: ring slot s
+        self.kv = torch.empty(2, batch, H, 1 + tau, D, device=device, dtype=acc)
+        self.kv[:, :, :, 0] = segment.memory_keys_values(w, torch.zeros(1, d, device=device, dtype=dtype)).view(
+            2, 1, H, D)
+        self.written = 0  # ring slots holding a memory vector's key and value (the first ones, until full)
+        if state is not None:
+            self.kv[:, :, :, 1:] = segment.memory_keys_values(w, state.to(dtype).reshape(-1, d)).view(
+                batch, tau, 2, H, D).permute(2, 0, 3, 1, 4)
+            self.written = tau
+        self.keys, self.values = (self.kv[i].view(batch * H, 1 + tau, D) for i in range(2))
+        # the position table twice over: rows tau - start .. 2 tau - start - 1 are the places of ring slots
+        # 0 .. tau-1 for the window starting at slot `start`
+        self.pos = w.shared.pos.to(acc).repeat(2, 1)
+        # per row and head: column 0 the empty places' log-sum-exp, 1 + s ring slot s's position score
+        self.bias = torch.empty(batch * H, 1 + tau, device=device, dtype=acc)
+        # the scores and weights of up to 1 + tau slots, flat: the first rows x slots elements are a contiguous
+        # (rows, 1, slots) tensor for every count of slots (the batched products' fast path)
+        self.scores, self.probs = (torch.empty(batch * H * (1 + tau), device=device, dtype=acc) for _ in range(2))
+        self.q = torch.empty(batch * H, 1, D, device=device, dtype=acc)  # the scaled query
+        self.y = torch.empty_like(self.q)
+        self.xs = torch.empty(L + 1, batch, d, device=device, dtype=dtype)
+        self.m = torch.empty(batch, d, device=device, dtype=dtype)
+        self.hs = torch.empty(L, batch, d, device=device, dtype=dtype)
+        self.qs, self.ys = (torch.empty(L, batch, H, D, device=device, dtype=w.cdt) for _ in range(2))
+        self.fs = torch.empty(L, batch, cfg.mlp_ratio * d, device=device, dtype=w.cdt)
+
+    def attend(self, l: int, q: torch.Tensor, y: torch.Tensor) -> None:
+        """y (B, H, D) <- the attention of q (B, H, D) over the written slots and, until the ring is full, the
+        empty places as one slot (index 0 of the buffers)."""
+        tau = self.model.cfg.mem_len
+        start, n = self.steps % tau, self.written
+        rows = self.q.shape[0]
+        if q.dtype == self.q.dtype:
+            qs = torch.mul(q.view(self.q.shape), self.weights.scale, out=self.q)
+        else:  # bf16 products: the attention in fp32, as the forward's
+            qs = self.q.copy_(q.view(self.q.shape)).mul_(self.weights.scale)
+        torch.mm(qs.view(rows, -1), self.pos[tau - start:2 * tau - start].t(), out=self.bias[:, 1:])
+        first = 1 if n == tau else 0  # the extra slot only while some place is empty
+        if not first:
+            torch.logsumexp(self.bias[:, 1 + n:], dim=-1, keepdim=True, out=self.bias[:, :1])
+        count = n + 1 - first
+        scores = torch.bmm(qs, self.keys[:, first:n + 1].transpose(1, 2),
+                           out=self.scores[:rows * count].view(rows, 1, count))
+        scores.add_(self.bias[:, None, first:n + 1])
+        p = torch.softmax(scores, dim=-1, out=self.probs[:rows * count].view(rows, 1, count))
+        out = y.view(self.y.shape) if y.dtype == self.y.dtype else self.y
+        torch.bmm(p, self.values[:, first:n + 1], out=out)
+        if out is self.y:
+            y.copy_(self.y.view(y.shape))
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -207,7 +258,9 @@ class Decoder:
         self.xs[0] = self.model.embed(tokens)
         slot = self.steps % self.model.cfg.mem_len
         with torch.autocast(tokens.device.type, enabled=False):
-            segment.step_forward(self.weights, self.ops, self.xs, self.m, self.kv, slot, slot, self.hs, self.qs,
-                                 self.ys, None, self.fs)
+            kv = segment.step_forward(self.weights, self.attend, self.xs, self.m, self.hs, self.qs, self.ys,
+                                      self.fs)
+        self.kv[:, :, :, 1 + slot] = kv.transpose(0, 1)
+        self.written = min(self.written + 1, self.model.cfg.mem_len)
         self.steps += 1
         return self.model.head(self.model.ln_f(self.xs[-1]))

@@ -24,6 +24,16 @@ def test_phases_are_split_at_the_marks_and_warmup_is_untimed():
     assert all(first >= 0.002 and second >= 0.004 for first, second in runs)
 
 
+def test_a_process_clock_does_not_count_sleeping():
+    def run_once(mark):
+        time.sleep(0.05)
+        mark()
+
+    wall = time_phases(run_once, torch.device("cpu"), repeats=1, warmup=0)
+    process = time_phases(run_once, torch.device("cpu"), repeats=1, warmup=0, cpu_clock=time.process_time)
+    assert wall[0][0] >= 0.05 and process[0][0] < 0.02
+
+
 def test_median_and_spread_by_hand():
     timing = Timing((0.3, 0.1, 0.2, 0.5))
     assert timing.median == pytest.approx(0.25) and timing.spread == pytest.approx(0.4 / 0.25)

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from projects.feedback import configs
+from projects.feedback import configs, segment
 from projects.feedback.model import Decoder, Model
 from tests.feedback import brute_force
 
@@ -65,6 +65,12 @@ def test_fast_path_matches_brute_force(memory, T, tau):
     cfg = small(mem_len=tau, memory=memory, memory_layer=1, attention_impl="naive")
     # float64: the two differ only by the order of their sums
     assert_matches_brute_force(*model_and_inputs(cfg, T), tol=1e-9)
+
+
+def test_fast_path_of_three_layers_matches_brute_force():
+    """From segment.ONE_PASS_MIN_LAYERS layers on, the backward adds a step's key and value gradients in one pass."""
+    cfg = small(mem_len=4, n_layers=segment.ONE_PASS_MIN_LAYERS, attention_impl="naive")
+    assert_matches_brute_force(*model_and_inputs(cfg, 7), tol=1e-9)
 
 
 def test_kernel_path_matches_brute_force(device):
@@ -162,29 +168,29 @@ def test_memory_weights_reach_every_layer():
         torch.testing.assert_close(carried[:, -1], xs[layer], rtol=1e-10, atol=1e-10)
 
 
-def test_decoding_token_by_token_matches_the_forward():
-    cfg = small(mem_len=3)
-    model, tokens, memory, _ = model_and_inputs(cfg, 8)  # 8 steps: the ring of 3 slots wraps twice
+@pytest.mark.parametrize("start", ["carried", "empty"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=["fp32", "fp64", "bf16"])
+def test_decoding_token_by_token_matches_the_forward(dtype, start):
+    """Decoder with a carried memory, or with none (tau zero vectors, as the forward with model.empty_state), in the
+    weights' dtype, over 11 tokens: the ring of 4 slots fills and wraps twice. From an empty start the ring slots not
+    yet written hold NaN: a step that read one would spread it."""
+    cfg = small(mem_len=4)
+    model, tokens, memory, _ = model_and_inputs(cfg, 11, dtype=dtype)
+    memory = memory if start == "carried" else model.empty_state(tokens.shape[0], tokens.device).to(dtype)
     with torch.no_grad():
         want, _ = model(tokens, memory)
-        decoder = Decoder(model, memory, batch=tokens.shape[0])
-        got = torch.stack([decoder.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
-    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_decoding_from_an_empty_memory_in_the_weights_dtype(dtype):
-    """Decoder(model) with no state starts from tau zero vectors, as the forward with model.empty_state does."""
-    cfg = small(mem_len=3)
-    model, tokens, _, _ = model_and_inputs(cfg, 5, dtype=dtype)
-    with torch.no_grad():
-        want, _ = model(tokens, model.empty_state(tokens.shape[0], tokens.device).to(dtype))
-        decoder = Decoder(model, batch=tokens.shape[0])
+        decoder = Decoder(model, memory if start == "carried" else None, batch=tokens.shape[0])
+        if start == "empty":
+            decoder.kv[:, :, :, 1:] = float("nan")
         got = torch.stack([decoder.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
     assert got.dtype == want.dtype
     # fp32 and fp64: the same sums in another order; bf16: both paths round each product's inputs to 8 bits
     tolerance = {torch.float32: 1e-5, torch.float64: 1e-10, torch.bfloat16: 5e-2}[dtype]
     torch.testing.assert_close(got.float(), want.float(), rtol=tolerance, atol=tolerance)
+    if dtype == torch.float64:  # and the equations, from the same memory, without segment.py
+        with torch.no_grad():
+            plain, _ = brute_force.logits_and_memory(model, tokens, memory)
+        torch.testing.assert_close(got, plain, rtol=1e-10, atol=1e-10)
 
 
 def test_bad_configs_and_states_are_refused():
@@ -199,6 +205,8 @@ def test_bad_configs_and_states_are_refused():
     model = Model(small())
     with pytest.raises(ValueError, match="state must be the memory"):
         model(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 5, 12))
+    with pytest.raises(ValueError, match="state must be"):  # the decoder's batch is 2, the state's 3
+        Decoder(model, torch.zeros(3, 4, 12), batch=2)
 
 
 def test_kernel_named_before_the_model_moves_to_cuda(monkeypatch):

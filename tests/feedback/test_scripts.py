@@ -1,10 +1,11 @@
 """The project's scripts: the GPT copy of gpt_baseline.py against projects/gpt/model.py and its cached generation
-against its forward; bench_speed.py's table; the random walks of tasks.py against a hand-worked walk, and the
-task's script end to end on a tiny budget; the toy tasks' data against hand checks and an interpreter."""
+against its forward; bench_speed.py's and bench_generation.py's tables; the random walks of tasks.py against a
+hand-worked walk, and the task's script end to end on a tiny budget; the toy tasks' data against hand checks and an
+interpreter."""
 import pytest
 import torch
 
-from projects.feedback import bench_speed, configs, tasks, toy_tasks
+from projects.feedback import bench_generation, bench_speed, configs, tasks, toy_tasks
 from projects.feedback.gpt_baseline import GPT, CachedDecoder, GPTConfig
 
 
@@ -45,6 +46,17 @@ def test_bench_prints_both_models_with_their_ratios(capsys, single_thread):
     assert rows[0]["train_ratio"] == 1 and rows[2]["train_tokens_per_second"] > 0
     assert rows[2]["generate_ratio"] > 0 and rows[1]["generate_tokens_per_second"] is None
     assert "vs gpt sdpa" in capsys.readouterr().out
+
+
+def test_generation_bench_prints_both_models_at_each_context(capsys, single_thread, tmp_path):
+    rows = bench_generation.main(["--config", "cpu", "--contexts", "6", "9", "--streams", "1", "2", "--tokens", "3",
+                                  "--repeats", "1", "--csv", str(tmp_path / "g.csv")])
+    assert [(r["context"], r["streams"]) for r in rows] == [(6, 1), (6, 2), (9, 1), (9, 2)]
+    for row in rows:
+        assert all(row[k] > 0 for k in bench_generation.COLUMNS)
+        assert row["ratio_at_context"] == row["feedback_at_context"] / row["gpt_at_context"]
+    assert "from empty: gpt" in capsys.readouterr().out
+    assert (tmp_path / "g.csv").read_text().count("\n") == 5
 
 
 def test_walks_against_a_hand_worked_walk():

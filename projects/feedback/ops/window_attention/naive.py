@@ -72,7 +72,8 @@ def attend(q, k_buf, v_buf, pos, start: int, scale: float, y_out: torch.Tensor, 
 def attend_backward(q, k_buf, v_buf, pos, start: int, scale: float, y, p, dy, dk_buf, dv_buf,
                     dq_out: torch.Tensor) -> torch.Tensor:
     """The gradients of attend for the output gradient dy (B, H, D), from its output y and weights p: dq_out
-    (B, H, D) <- dL/dq; the window slots of the buffers dk_buf, dv_buf (B, H, S, D; fp32 or fp64) += dL/dk, dL/dv.
+    (B, H, D) <- dL/dq; the window slots of the buffers dk_buf, dv_buf (B, H, S, D; fp32 or fp64) += dL/dk, dL/dv
+    (dk_buf and dv_buf None: left to the caller, as add_window_gradients of several queries at once).
     Returns dscore (B, H, tau) in window order, the gradient of the scores times scale, from which
     dL/dpos = dscore^T q summed over batch and heads."""
     B, H, S, D = k_buf.shape
@@ -90,7 +91,9 @@ def attend_backward(q, k_buf, v_buf, pos, start: int, scale: float, y, p, dy, dk
     else:
         dq_out.copy_(torch.baddbmm(position, dscore, keys.to(p.dtype)).view(B, H, D))
     # dk_j = dscore_j q and dv_j = p_j dy: outer products, added into the window's slots in place
-    if shift or start + tau <= S:
+    if dk_buf is None:
+        pass
+    elif shift or start + tau <= S:
         first = 0 if shift else start
         dk_buf[:, :, first:first + tau].view(B * H, tau, D).addcmul_(dscore.transpose(1, 2), qf)
         dv_buf[:, :, first:first + tau].view(B * H, tau, D).addcmul_(p.transpose(1, 2), dyf)
@@ -100,3 +103,19 @@ def attend_backward(q, k_buf, v_buf, pos, start: int, scale: float, y, p, dy, dk
         dv_buf.index_add_(2, slots, (p.transpose(1, 2) * dyf).view(B, H, tau, D))
     dscore = torch.roll(dscore, -shift, dims=-1) if shift else dscore
     return dscore.view(B, H, tau)
+
+
+def add_window_gradients(q, dscore, p, dy, dk_buf, dv_buf, start: int) -> None:
+    """The window slots start .. start + tau - 1 of dk_buf, dv_buf (B, H, S, D; not wrapping) += the key and value
+    gradients of N queries over that one window (the layers of a step): sum_n dscore_n^T q_n and p_n^T dy_n, as one
+    batched product per buffer (inner size N) instead of N passes over the window. q, dy (N, B, H, D); dscore, p
+    (N, B, H, tau)."""
+    N, B, H, tau = p.shape
+    D = q.shape[-1]
+    if start + tau > dk_buf.shape[2]:
+        raise ValueError(f"the window of {tau} slots from slot {start} wraps a buffer of {dk_buf.shape[2]} slots")
+    acc = dk_buf.dtype
+    for grads, weights, vectors in ((dk_buf, dscore, q), (dv_buf, p, dy)):
+        per_row = torch.bmm(weights.to(acc).view(N, B * H, tau).permute(1, 2, 0),
+                            vectors.to(acc).view(N, B * H, D).transpose(0, 1))  # (B * H, tau, D)
+        grads[:, :, start:start + tau].add_(per_row.view(B, H, tau, D))
