@@ -38,6 +38,7 @@ from languini.throughput import local_device_name
 from languini.timing import time_phases
 from languini.trainer import precision_for
 from projects.feedback import configs
+from projects.feedback.bench_speed import cell
 from projects.feedback.gpt_baseline import GPT, CachedDecoder, GPTConfig
 from projects.feedback.model import Decoder, Model
 
@@ -138,10 +139,10 @@ def main(argv=None):
     print(f"{'context':>8} {'streams':>8} | {'at context: gpt':>16} {'feedback':>10} {'ratio':>7} | "
           f"{'from empty: gpt':>16} {'feedback':>10} {'ratio':>7}")
     for row in rows:
-        print(f"{row['context']:>8} {row['streams']:>8} | {_fmt(row['gpt_at_context'], '16,.0f')} "
-              f"{_fmt(row['feedback_at_context'], '10,.0f')} {_fmt(row['ratio_at_context'], '7.2f')} | "
-              f"{_fmt(row['gpt_from_empty'], '16,.0f')} {_fmt(row['feedback_from_empty'], '10,.0f')} "
-              f"{_fmt(row['ratio_from_empty'], '7.2f')}")
+        print(f"{row['context']:>8} {row['streams']:>8} | {cell(row['gpt_at_context'], '16,.0f')} "
+              f"{cell(row['feedback_at_context'], '10,.0f')} {cell(row['ratio_at_context'], '7.2f')} | "
+              f"{cell(row['gpt_from_empty'], '16,.0f')} {cell(row['feedback_from_empty'], '10,.0f')} "
+              f"{cell(row['ratio_from_empty'], '7.2f')}")
     if args.csv:
         text = io.StringIO()
         writer = csv.DictWriter(text, fieldnames=["config", "device", *COLUMNS])
@@ -150,11 +151,6 @@ def main(argv=None):
             writer.writerow({"config": args.config, "device": local_device_name(device), **row})
         write_atomically(Path(args.csv), lambda f: f.write(text.getvalue().encode()))
     return rows
-
-
-def _fmt(value, spec):
-    width = int(spec.split(",")[0].split(".")[0])
-    return f"{value:{spec}}" if value is not None else f"{'-':>{width}}"
 
 
 if __name__ == "__main__":

@@ -113,8 +113,8 @@ def main(argv=None):
     for row in rows:
         for key, ratio in (("train_tokens_per_second", "train_ratio"), ("generate_tokens_per_second", "generate_ratio")):
             row[ratio] = row[key] / base[key] if row[key] and base[key] else None
-        print(f"{row['model']:<10} {_fmt(row['train_tokens_per_second'], '12,.0f')} {_fmt(row['train_ratio'], '12.3f')} "
-              f"{_fmt(row['generate_tokens_per_second'], '15,.0f')} {_fmt(row['generate_ratio'], '8.3f')}")
+        print(f"{row['model']:<10} {cell(row['train_tokens_per_second'], '12,.0f')} {cell(row['train_ratio'], '12.3f')} "
+              f"{cell(row['generate_tokens_per_second'], '15,.0f')} {cell(row['generate_ratio'], '8.3f')}")
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=["config", "device", "batch_size", *rows[0].keys()])
@@ -125,7 +125,8 @@ def main(argv=None):
     return rows
 
 
-def _fmt(value, spec):
+def cell(value, spec):
+    """`value` formatted by `spec`, or '-' as wide when there is none."""
     width = int(spec.split(",")[0].split(".")[0])
     return f"{value:{spec}}" if value is not None else f"{'-':>{width}}"
 

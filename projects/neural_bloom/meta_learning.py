@@ -79,9 +79,6 @@ def train(model, task, seconds: float, lr: float = 1e-3, batch_sets: int = 4, qu
     def elapsed():
         return before + time.perf_counter() - start
 
-    def mean_loss():
-        return sum(losses[-20:]) / max(1, len(losses[-20:]))
-
     def save(seconds: float):
         state = {"identity": identity, "model": model.state_dict(), "optimizer": opt.state_dict(),
                  "generator": gen.get_state(), "losses": losses, "seconds": seconds}
@@ -101,12 +98,12 @@ def train(model, task, seconds: float, lr: float = 1e-3, batch_sets: int = 4, qu
         opt.step()
         losses.append(loss.item())
         bar.update()
-        bar.set_postfix(loss=f"{mean_loss():.4f}", refresh=False)
+        bar.set_postfix(loss=f"{recent_loss(losses):.4f}", refresh=False)
         if checkpoint is not None and time.perf_counter() - saved_at >= save_every:
             save(elapsed())
             saved_at = time.perf_counter()
             # a line per save: a log redirected to a file shows the progress the bar cannot
-            print(f"{desc}: step {len(losses)}, loss {mean_loss():.4f}, {elapsed():.0f} s, saved", flush=True)
+            print(f"{desc}: step {len(losses)}, loss {recent_loss(losses):.4f}, {elapsed():.0f} s, saved", flush=True)
     bar.close()
     seconds = elapsed()
     if checkpoint is not None:
@@ -133,7 +130,12 @@ def load_checkpoint(path: Path, identity: dict) -> dict:
 def trained_stats(saved: dict) -> dict:
     """What `train` returns, of a saved checkpoint."""
     losses = saved["losses"]
-    return {"steps": len(losses), "loss": sum(losses[-20:]) / max(1, len(losses[-20:])), "seconds": saved["seconds"]}
+    return {"steps": len(losses), "loss": recent_loss(losses), "seconds": saved["seconds"]}
+
+
+def recent_loss(losses: list) -> float:
+    """The mean of the last 20 losses (0 before the first)."""
+    return sum(losses[-20:]) / max(1, len(losses[-20:]))
 
 
 @torch.no_grad()

@@ -47,22 +47,28 @@ def _gelu_and_slope(z):
 
 
 @triton.jit
+def _gathered_dots(vec_ptr, table_ptr, idx, slot_ok, d, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """(BLOCK_M,) fp32: table[idx[j]] . vec for each slot j, vec the d numbers at vec_ptr."""
+    # A 2-D accumulator: multiply-adds in the loop, one reduction over d after it.
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start in range(0, d, BLOCK_D):
+        cols = start + tl.arange(0, BLOCK_D)
+        col_ok = cols < d
+        vec = tl.load(vec_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        rows = tl.load(table_ptr + idx[:, None] * d + cols[None, :], mask=slot_ok[:, None] & col_ok[None, :],
+                       other=0.0).to(tl.float32)
+        acc += rows * vec[None, :]
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
 def peer_experts_scores_kernel(pre_ptr, coef_ptr, x_ptr, down_ptr, indices_ptr, weights_ptr, d, m,
                                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     slots = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     slot_ok = slots < m
     idx = tl.load(indices_ptr + row * m + slots, mask=slot_ok, other=0)
-    # A 2-D accumulator: multiply-adds in the loop, one reduction over d after it.
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for start in range(0, d, BLOCK_D):
-        cols = start + tl.arange(0, BLOCK_D)
-        col_ok = cols < d
-        x = tl.load(x_ptr + row * d + cols, mask=col_ok, other=0.0).to(tl.float32)
-        rows = tl.load(down_ptr + idx[:, None] * d + cols[None, :], mask=slot_ok[:, None] & col_ok[None, :],
-                       other=0.0).to(tl.float32)
-        acc += rows * x[None, :]
-    pre = tl.sum(acc, axis=1)
+    pre = _gathered_dots(x_ptr + row * d, down_ptr, idx, slot_ok, d, BLOCK_M, BLOCK_D)
     w = tl.load(weights_ptr + row * m + slots, mask=slot_ok, other=0.0).to(tl.float32)
     activation, _ = _gelu_and_slope(pre)
     tl.store(pre_ptr + row * m + slots, pre, mask=slot_ok)
@@ -95,15 +101,7 @@ def peer_experts_bwd_kernel(grad_pre_ptr, grad_weights_ptr, grad_down_ptr, grad_
     slots = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     slot_ok = slots < m
     idx = tl.load(indices_ptr + row * m + slots, mask=slot_ok, other=0)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for start in range(0, d, BLOCK_D):
-        cols = start + tl.arange(0, BLOCK_D)
-        col_ok = cols < d
-        g = tl.load(grad_out_ptr + row * d + cols, mask=col_ok, other=0.0).to(tl.float32)
-        rows = tl.load(up_ptr + idx[:, None] * d + cols[None, :], mask=slot_ok[:, None] & col_ok[None, :],
-                       other=0.0).to(tl.float32)
-        acc += rows * g[None, :]
-    grad_coef = tl.sum(acc, axis=1)
+    grad_coef = _gathered_dots(grad_out_ptr + row * d, up_ptr, idx, slot_ok, d, BLOCK_M, BLOCK_D)
     w = tl.load(weights_ptr + row * m + slots, mask=slot_ok, other=0.0).to(tl.float32)
     pre = tl.load(pre_ptr + row * m + slots, mask=slot_ok, other=0.0)
     activation, slope = _gelu_and_slope(pre)
