@@ -553,12 +553,15 @@ def scaffold(root: Path, name: str, source: str = "gpt", op: str | None = None) 
     return [f"projects/{name}/{f}" for f in sorted(set(files))] + [f"tests/{name}/{f}" for f in test_files], notes
 
 
-def next_steps(name: str, source: str, op: str | None) -> str:
+def next_steps(name: str, source: str, op: str | None, root: Path = ROOT) -> str:
     steps = [
         f"python -m pytest -q tests/{name} tests/core/test_contract.py -k {name}   # its tests and the model contract",
         f"python projects/{name}/train.py --compute_class 2m   # on a CPU: times the cpu model here, then trains 2 min",
         f"edit projects/{name}/model.py (and configs.py); say what the model is in projects/{name}/README.md",
     ]
+    if "languini.transformer" in (root / "projects" / source / "model.py").read_text():
+        steps[-1] += (" (the GPT's blocks stay languini/transformer.py's: a feed-forward of your own goes in "
+                      "through GPT(cfg, make_block) and Block(cfg, ff), as projects/lram_gpt/model.py does)")
     if op is not None:
         steps += [f"replace silu(a) * b in projects/{name}/ops/{op}/ by your op (naive.py, triton.py, the tests in "
                   f"tests/{name}/test_{op}.py), call it from model.py, and declare the kernels' FLOPs in extra_flops",
@@ -584,7 +587,7 @@ def main(argv=None, root: Path = ROOT) -> list[str]:
     print(f"Created {len(files)} files from projects/{args.source}:")
     print("\n".join(f"  {f}" for f in files + notes))
     print("Next steps:")
-    print(next_steps(args.name, args.source, args.op))
+    print(next_steps(args.name, args.source, args.op, root))
     return files
 
 

@@ -4,14 +4,13 @@ import pytest
 import torch
 
 from projects.compressive import bench_attention_memory as bench
-from projects.gpt import configs as gpt_configs
-from projects.gpt.model import Attention
+from languini import transformer
 
 
 @pytest.mark.parametrize("impl", ["math", "sdpa"])
 def test_gpt_attention_copy_matches_the_gpt(impl):
     torch.manual_seed(0)
-    gpt = Attention(gpt_configs.ModelConfig(d_model=24, n_heads=3, d_head=8, seq_len=7, attention=impl))
+    gpt = transformer.Attention(24, 3, 8, impl)
     copy = bench.GPTAttention(24, 3, 8, impl)
     copy.load_state_dict(gpt.state_dict())  # the same parameter names and shapes
     x = torch.randn(2, 7, 24)

@@ -1,11 +1,11 @@
-"""GPT sizes against the Languini paper's Table 4, attention by hand and the position-table limit (the model
+"""GPT sizes against the Languini paper's Table 4 and the position-table limit (the model
 contract, causality included, is tests/core/test_contract.py's)."""
 import pytest
 import torch
 
 from languini.flops import forward_flops
 from projects.gpt import configs
-from projects.gpt.model import Attention, Model
+from projects.gpt.model import Model
 
 # Table 4 (medium with 24 layers, see configs.py): parameters in millions, forward GFLOPs at batch 1 x 512.
 TABLE_4 = {"mini": (27.6, 20.4), "tiny": (53.9, 45.1), "small": (110.6, 109.6),
@@ -46,23 +46,6 @@ def test_sequence_longer_than_position_table_is_explained():
 def test_unknown_config_lists_the_known_ones():
     with pytest.raises(ValueError, match="mini, tiny, small"):
         configs.get("huge")
-
-
-@pytest.mark.parametrize("attention", ["math", "sdpa"])
-def test_attention_by_hand(attention):
-    # With zero keys every score is 0: position t attends equally to positions 0..t, so before the output
-    # projection the attention returns the running mean of the values.
-    torch.manual_seed(0)
-    attn = Attention(configs.get("cpu", d_model=8, n_heads=2, d_head=4, attention=attention)).double()
-    q, k, v = (slice(i * 8, (i + 1) * 8) for i in range(3))  # rows of qkv: queries, keys, values (heads inside)
-    with torch.no_grad():
-        attn.qkv.weight[k] = 0
-        attn.qkv.bias[k] = 0
-    x = torch.randn(3, 7, 8, dtype=torch.float64)
-    values = x @ attn.qkv.weight[v].T + attn.qkv.bias[v]
-    running_mean = values.cumsum(dim=1) / torch.arange(1, 8, dtype=torch.float64)[:, None]
-    # float64, sums of at most 7 terms: agreement to ~1e-15; 1e-12 leaves a wide margin
-    torch.testing.assert_close(attn(x), attn.proj(running_mean), rtol=1e-12, atol=1e-12)
 
 
 def test_math_attention_is_the_default_and_agrees_with_sdpa():

@@ -6,9 +6,8 @@ import math
 import pytest
 import torch
 
+from languini import transformer
 from languini.experiment import main
-from projects.gpt.model import MLP as GPTMLP
-from projects.gpt import configs as gpt_configs
 from projects.switch_gpt import configs
 from projects.switch_gpt.model import Model, SwitchMLP, within_capacity
 
@@ -72,7 +71,7 @@ def test_top1_overflow_passes_through_and_eval_drops_nothing():
 @pytest.mark.parametrize("training", [pytest.param(True, id="train"), pytest.param(False, id="eval")])
 def test_one_expert_is_the_gpt_mlp(training):
     torch.manual_seed(1)
-    dense = GPTMLP(gpt_configs.get("cpu"))
+    dense = transformer.MLP(128, 4)  # the GPT's MLP at the cpu config's width
     for p in dense.parameters():
         torch.nn.init.normal_(p, std=0.05)
     mlp = layer(n_experts=1).train(training)
