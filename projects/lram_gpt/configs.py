@@ -8,6 +8,7 @@ from the size (lattice.torus_for_memory_size).
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from languini import transformer
 from languini.flags import arg
 
 DEFAULT_MEMORY_SIZE = 2 ** 20
@@ -15,18 +16,8 @@ MEMORY_EXPONENTS = range(16, 27)  # the issue's 2^16 .. 2^24 and beyond; the pap
 
 
 @dataclass
-class ModelConfig:
-    vocab_size: int = arg(16384, "tokens of the vocabulary (set to the dataset's unless given)")
-    seq_len: int = arg(512, "tokens per sequence, the length of the learned position table")
+class ModelConfig(transformer.GPTConfig):
     d_model: int = arg(768, "width of the residual stream; a multiple of 16: the memory reads one head per 16 features")
-    n_layers: int = arg(12, "transformer blocks")
-    n_heads: int = arg(12, "attention heads")
-    d_head: int = arg(64, "width of each head; attention width is n_heads * d_head, which differs from d_model for "
-                          "mini")
-    mlp_ratio: int = arg(4, "MLP hidden width over d_model")
-    attention: str = arg("math", "math: an explicit masked softmax, as the official Languini code (whose use_flash is off: "
-                                 "the paper saw gradient spikes with flash attention on its RTX 3090); sdpa: "
-                                 "F.scaled_dot_product_attention (flash kernels)", choices=("math", "sdpa"))
     memory_layers: str | None = arg(None, "blocks (from 0) whose MLP a memory replaces, comma-separated (\"2,4\"); "
                                           "none: (2 * n_layers - 1) // 3, the last block of the first two thirds, "
                                           "which is the LRAM paper's 4th of 6 layers")
@@ -50,33 +41,18 @@ class ModelConfig:
     LAYOUT_FIELDS: ClassVar[tuple[str, ...]] = ("memory_shards",)
 
 
-_GPT_SIZES = {
-    "mini": ModelConfig(d_model=512, n_layers=4, n_heads=8, d_head=32),
-    "tiny": ModelConfig(d_model=768, n_layers=4, n_heads=12, d_head=64),
-    "small": ModelConfig(d_model=768, n_layers=12, n_heads=12, d_head=64),
-    # Table 4 prints 12 layers for medium, but its 336.4M parameters (and GPT-2 medium) need 24.
-    "medium": ModelConfig(d_model=1024, n_layers=24, n_heads=16, d_head=64),
-    "large": ModelConfig(d_model=1536, n_layers=24, n_heads=16, d_head=96),
-    "XL": ModelConfig(d_model=2048, n_layers=24, n_heads=24, d_head=128),
-}
+_GPT_SIZES = transformer.sizes(ModelConfig)
 
 SIZES = {
     **_GPT_SIZES,
     **{f"{name}_m{e}": replace(cfg, memory_size=2 ** e) for name, cfg in _GPT_SIZES.items() for e in MEMORY_EXPONENTS},
     # Sized for a smoke test on 2 CPU cores with the embedded default corpus; not a paper config.
-    "cpu": ModelConfig(vocab_size=2048, seq_len=128, d_model=128, n_layers=2, n_heads=4, d_head=32,
-                       memory_size=2 ** 12),
+    "cpu": ModelConfig(**transformer.CPU_SIZE, memory_size=2 ** 12),
 }
 
 # The GPT baseline's best model size and batch per compute class (Languini paper, Table 6), with the default
 # memory, so that the memory is compared with the GPT at equal reference-hardware time.
-COMPUTE_CLASSES = {
-    "6h": {"config": "small", "batch_size": 128},
-    "12h": {"config": "small", "batch_size": 128},
-    "24h": {"config": "small", "batch_size": 256},
-    "48h": {"config": "medium", "batch_size": 256},
-    "96h": {"config": "medium", "batch_size": 256},
-}
+COMPUTE_CLASSES = transformer.compute_classes()
 
 
 def get(name: str, **overrides) -> ModelConfig:

@@ -1,4 +1,4 @@
-"""The GPT of projects/gpt (copied) with one block's MLP replaced by the E8 lattice memory (Goucher & Troll, 3.1).
+"""The GPT (languini/transformer.py) with one block's MLP replaced by the E8 lattice memory (Goucher & Troll, 3.1).
 
 The memory sub-network (memory.LRAMBlock: affine w -> w, query norm, theta with w/16 heads of 64 values,
 affine 4w -> w) writes to the residual stream as the MLP it replaces. Its value table keeps its own init and
@@ -20,15 +20,12 @@ For topk = 32 and m = 64: 9920 FLOPs per token and head. With the Memory+ gate t
 silu, not the product of read and gate: h * m more per token. Every memory layer counts its reads; a shared table's
 parameters count once.
 """
-import math
-
-import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from languini import model_parallel
 from languini.memory_layers import memory_layer_indices
 from languini.memory_stats import MemoryStats
+from languini.transformer import GPT, MLP, Block, init_residual_
 from projects.lram_gpt.configs import ModelConfig
 from projects.lram_gpt.lattice import DIM, FUNDAMENTAL_POINTS
 from projects.lram_gpt.memory import VALUE_DTYPES, LRAMBlock
@@ -43,54 +40,6 @@ def theta_flops(tokens: int, heads: int, topk: int, value_dim: int) -> int:
     return tokens * heads * per_head
 
 
-ATTENTION = ("math", "sdpa")
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        if cfg.attention not in ATTENTION:
-            raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, not {cfg.attention!r}")
-        self.n_heads, self.d_head, self.impl = cfg.n_heads, cfg.d_head, cfg.attention
-        inner = cfg.n_heads * cfg.d_head
-        self.qkv = nn.Linear(cfg.d_model, 3 * inner)
-        self.proj = nn.Linear(inner, cfg.d_model)
-
-    def forward(self, x):
-        B, T, _ = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
-        if self.impl == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:  # as the official code: under autocast the softmax runs in fp32, the products in half precision
-            scores = torch.einsum("bhid,bhjd->bhij", q, k) * self.d_head ** -0.5
-            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-            y = torch.einsum("bhij,bhjd->bhid", F.softmax(scores.masked_fill(future, float("-inf")), dim=-1), v)
-        return self.proj(y.transpose(1, 2).flatten(2))
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model)
-        self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
-
-    def forward(self, x):
-        return self.proj(F.gelu(self.fc(x), approximate="tanh"))  # GPT-2's GELU
-
-
-class Block(nn.Module):
-    """Pre-LayerNorm block; its feed-forward part `ff` is an MLP or the lattice memory."""
-
-    def __init__(self, cfg: ModelConfig, ff: nn.Module):
-        super().__init__()
-        self.ln1, self.attn = nn.LayerNorm(cfg.d_model), Attention(cfg)
-        self.ln2, self.ff = nn.LayerNorm(cfg.d_model), ff
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.ff(self.ln2(x))
-
-
 def lram_block(cfg: ModelConfig, values: nn.Parameter | None = None) -> LRAMBlock:
     """A memory layer of the config, reading `values` (another layer's table) or a table of its own."""
     if cfg.memory_value_dtype not in VALUE_DTYPES:
@@ -101,40 +50,29 @@ def lram_block(cfg: ModelConfig, values: nn.Parameter | None = None) -> LRAMBloc
                      gate=cfg.memory_gate, shards=model_parallel.shard_group(cfg.memory_shards, "--memory_shards"))
 
 
-class Model(nn.Module):
-    stateful = False  # every window starts afresh (languini/model_contract.py)
+class Model(GPT):
+    """The GPT of languini/transformer.py whose memory blocks' feed-forward part `ff` is the lattice memory."""
 
     def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.memory_blocks = memory_layer_indices(cfg.memory_layers, cfg.n_layers)
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
-        blocks, first = [], None
-        for i in range(cfg.n_layers):
-            if i in self.memory_blocks:  # with share_memory, later memory layers read the first one's table
-                memory = lram_block(cfg, first.values if cfg.share_memory and first is not None else None)
-                first = first or memory
-                blocks.append(Block(cfg, memory))
-            else:
-                blocks.append(Block(cfg, MLP(cfg)))
-        self.blocks = nn.ModuleList(blocks)
-        self.ln_f = nn.LayerNorm(cfg.d_model)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.apply(self._init)
-        for block in self.blocks:  # GPT-2: the feed-forward residual write is scaled down with depth
-            residual_write = block.ff.out if isinstance(block.ff, LRAMBlock) else block.ff.proj
-            nn.init.normal_(residual_write.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
+        memory_blocks = memory_layer_indices(cfg.memory_layers, cfg.n_layers)
+        memories = []
+
+        def make_block(i):
+            if i not in memory_blocks:
+                return Block(cfg, MLP(cfg.d_model, cfg.mlp_ratio), ff_name="ff")
+            # with share_memory, later memory layers read the first one's table
+            memories.append(lram_block(cfg, memories[0].values if cfg.share_memory and memories else None))
+            return Block(cfg, memories[-1], ff_name="ff")
+
+        super().__init__(cfg, make_block)
+        self.memory_blocks = memory_blocks
         for memory in self.memories:  # the memory's own value init, not the GPT's
             if memory.owns_values:
                 memory.reset_values()
 
-    @staticmethod
-    def _init(m):
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=0.02)
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            nn.init.zeros_(m.bias)
+    def init_block(self, block: Block) -> None:
+        """GPT-2: the feed-forward residual write is scaled down with depth."""
+        init_residual_(block.ff.out if isinstance(block.ff, LRAMBlock) else block.ff.proj, self.cfg.n_layers)
 
     @property
     def memories(self) -> list[LRAMBlock]:
@@ -149,17 +87,6 @@ class Model(nn.Module):
     def value_tables(self) -> list[nn.Parameter]:
         """Each value table once (a shared one is read by several memory layers)."""
         return list({id(p): p for m in self.memories for p in m.value_parameters()}.values())
-
-    def forward(self, x, state=None):
-        T = x.shape[1]
-        if T > self.cfg.seq_len:
-            raise ValueError(f"Sequence length {T} exceeds the position table ({self.cfg.seq_len}); "
-                             f"use --seq_len {T} or shorter sequences.")
-        # Token embeddings scaled by sqrt(d_model), as in the official Languini code the paper's numbers come from.
-        h = self.tok_emb(x) * math.sqrt(self.cfg.d_model) + self.pos_emb(torch.arange(T, device=x.device))
-        for block in self.blocks:
-            h = block(h)
-        return self.head(self.ln_f(h)), None
 
     def optimizer_groups(self, lr: float) -> list[dict]:
         """The value table at value_lr_multiplier x lr, everything else at lr; with sparse_values the value
