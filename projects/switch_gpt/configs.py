@@ -6,6 +6,7 @@ smoke-test size. `python -m projects.switch_gpt.model` prints every config's par
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from languini import transformer
 from languini.flags import arg
 
 MOE_LAYERS = ("every_other", "every")  # or a block index (from 0) as a string: one MoE block, as memory layers
@@ -14,17 +15,8 @@ EXPERTS_IMPL = ("auto", "naive", "triton")
 
 
 @dataclass
-class ModelConfig:
-    vocab_size: int = arg(16384, "tokens of the vocabulary (set to the dataset's unless given)")
-    seq_len: int = arg(512, "tokens per sequence, the length of the learned position table")
-    d_model: int = arg(768, "width of the residual stream")
-    n_layers: int = arg(12, "transformer blocks")
-    n_heads: int = arg(12, "attention heads")
-    d_head: int = arg(64, "width of each head; attention width is n_heads * d_head, which differs from d_model for "
-                          "mini")
+class ModelConfig(transformer.GPTConfig):
     mlp_ratio: int = arg(4, "each expert is a GPT MLP: d_model -> mlp_ratio * d_model -> d_model")
-    attention: str = arg("math", "math: an explicit masked softmax, as the official Languini code; sdpa: "
-                                 "F.scaled_dot_product_attention", choices=("math", "sdpa"))
     n_experts: int = arg(8, "experts per MoE layer")
     moe_layers: str = arg("every_other", "which blocks' MLPs are MoE layers: every_other (blocks 1, 3, 5, ...: "
                                          "Switch, GShard), every (all blocks), or a block index I")
@@ -47,27 +39,19 @@ class ModelConfig:
     LAYOUT_FIELDS: ClassVar[tuple[str, ...]] = ("expert_parallel",)
 
 
-_GPT_SIZES = {
-    "mini": ModelConfig(d_model=512, n_layers=4, n_heads=8, d_head=32),
-    "tiny": ModelConfig(d_model=768, n_layers=4, n_heads=12, d_head=64),
-    "small": ModelConfig(d_model=768, n_layers=12, n_heads=12, d_head=64),
-}
+_GPT_SIZES = transformer.sizes(ModelConfig, ("mini", "tiny", "small"))
 
 SIZES = {
     **_GPT_SIZES,
     **{f"{name}_e{e}": replace(cfg, n_experts=e) for name, cfg in _GPT_SIZES.items() for e in (32, 64)},
     # Sized for a smoke test on 2 CPU cores with the embedded default corpus; not a paper config.
-    "cpu": ModelConfig(vocab_size=2048, seq_len=128, d_model=128, n_layers=2, n_heads=4, d_head=32, n_experts=4),
+    "cpu": ModelConfig(**transformer.CPU_SIZE, n_experts=4),
 }
 
 # The GPT baseline's best size and batch per compute class (Languini paper, Table 6) where it is small, so that
 # the experts are compared with the GPT (and the memory layers) at equal reference-hardware time. 48h and 96h
 # used medium, which has no Switch config here.
-COMPUTE_CLASSES = {
-    "6h": {"config": "small", "batch_size": 128},
-    "12h": {"config": "small", "batch_size": 128},
-    "24h": {"config": "small", "batch_size": 256},
-}
+COMPUTE_CLASSES = transformer.compute_classes(_GPT_SIZES)
 
 
 def moe_blocks(cfg: ModelConfig) -> list[int]:

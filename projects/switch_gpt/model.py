@@ -1,4 +1,4 @@
-"""A GPT (projects/gpt, copied) whose MLP in every other block is a Switch mixture of experts (Fedus et al. 2021;
+"""A GPT (languini/transformer.py) whose MLP in every other block is a Switch mixture of experts (Fedus et al. 2021;
 GShard's top-2 as an option): a float32 router, top-k routing, capacity in training with overflow passed through
 the residual, Switch's 0.1 initialisation scale, the load-balancing loss (and an optional router z-loss) returned
 as auxiliary losses; optionally Switch layers for the attention's q and shared k/v too (--expert_attention). With
@@ -13,20 +13,18 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from languini import model_parallel, parallelize
+from languini.transformer import GPT, MLP, causal_attention, check_attention, init_residual_
 from projects.switch_gpt.configs import SIZES, ModelConfig, check, moe_blocks
 from projects.switch_gpt.ops.moe.naive import experts_naive
 
-ATTENTION = ("math", "sdpa")
-
-
 class Attention(nn.Module):
-    """The GPT's attention; with experts (Switch for attention, --expert_attention) the q and the shared k/v
-    projections are Switch layers, one router each. Returns (output, auxiliary losses)."""
+    """The GPT's attention (languini/transformer.py), its own here for the experts: with Switch for attention
+    (--expert_attention) the q and the shared k/v projections are Switch layers, one router each. Returns (output,
+    auxiliary losses)."""
 
     def __init__(self, cfg: ModelConfig, experts: bool = False):
         super().__init__()
-        if cfg.attention not in ATTENTION:
-            raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, not {cfg.attention!r}")
+        check_attention(cfg.attention)
         self.n_heads, self.d_head, self.impl = cfg.n_heads, cfg.d_head, cfg.attention
         inner = cfg.n_heads * cfg.d_head
         self.experts = experts
@@ -47,23 +45,8 @@ class Attention(nn.Module):
         else:
             qkv, aux = self.qkv(x), {}
         q, k, v = qkv.view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
-        if self.impl == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:  # as the official code: under autocast the softmax runs in fp32, the products in half precision
-            scores = torch.einsum("bhid,bhjd->bhij", q, k) * self.d_head ** -0.5
-            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-            y = torch.einsum("bhij,bhjd->bhid", F.softmax(scores.masked_fill(future, float("-inf")), dim=-1), v)
+        y = causal_attention(q, k, v, self.impl)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1)), aux
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model)
-        self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
-
-    def forward(self, x):
-        return self.proj(F.gelu(self.fc(x), approximate="tanh"))  # GPT-2's GELU
 
 
 def within_capacity(choice: torch.Tensor, n_experts: int, capacity: int) -> torch.Tensor:
@@ -249,10 +232,12 @@ def experts_parallel(x, expert_index, gates, fc_weight, fc_bias, proj_weight, pr
 
 
 class Block(nn.Module):
+    """The GPT's pre-LayerNorm block (languini/transformer.py), its own here to carry the auxiliary losses."""
+
     def __init__(self, cfg: ModelConfig, moe: bool):
         super().__init__()
         self.ln1, self.attn = nn.LayerNorm(cfg.d_model), Attention(cfg, experts=moe and cfg.expert_attention)
-        self.ln2, self.mlp = nn.LayerNorm(cfg.d_model), (SwitchMLP(cfg) if moe else MLP(cfg))
+        self.ln2, self.mlp = nn.LayerNorm(cfg.d_model), (SwitchMLP(cfg) if moe else MLP(cfg.d_model, cfg.mlp_ratio))
 
     def forward(self, x):
         y, aux = self.attn(self.ln1(x))
@@ -263,35 +248,21 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x)), aux
 
 
-class Model(nn.Module):
-    stateful = False
-
+class Model(GPT):
     def __init__(self, cfg: ModelConfig):
-        super().__init__()
         check(cfg)
-        self.cfg = cfg
         moe = set(moe_blocks(cfg))
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg, i in moe) for i in range(cfg.n_layers))
-        self.ln_f = nn.LayerNorm(cfg.d_model)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.apply(self._init)
-        for block in self.blocks:
-            if block.attn.experts:
-                block.attn.q.init_weights()
-                block.attn.kv.init_weights()
-            if isinstance(block.mlp, SwitchMLP):
-                block.mlp.init_weights()
-            else:  # GPT-2: the MLP's residual write is scaled down with depth
-                nn.init.normal_(block.mlp.proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
+        super().__init__(cfg, lambda i: Block(cfg, i in moe))
 
-    @staticmethod
-    def _init(m):
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=0.02)
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            nn.init.zeros_(m.bias)
+    def init_block(self, block: Block) -> None:
+        """Switch's init for the Switch layers; GPT-2's depth-scaled residual write for a dense MLP."""
+        if block.attn.experts:
+            block.attn.q.init_weights()
+            block.attn.kv.init_weights()
+        if isinstance(block.mlp, SwitchMLP):
+            block.mlp.init_weights()
+        else:
+            init_residual_(block.mlp.proj, self.cfg.n_layers)
 
     def switch_layers(self) -> dict[str, SwitchLayer]:
         """Every Switch layer by name: block_<i> the MLP of block i, block_<i>_q and block_<i>_kv its attention's."""
@@ -304,12 +275,7 @@ class Model(nn.Module):
         return layers
 
     def forward(self, x, state=None):
-        T = x.shape[1]
-        if T > self.cfg.seq_len:
-            raise ValueError(f"Sequence length {T} exceeds the position table ({self.cfg.seq_len}); "
-                             f"use --seq_len {T} or shorter sequences.")
-        # Token embeddings scaled by sqrt(d_model), as in the official Languini code the paper's numbers come from.
-        h = self.tok_emb(x) * math.sqrt(self.cfg.d_model) + self.pos_emb(torch.arange(T, device=x.device))
+        h = self.embed(x)
         aux = {}
         for block in self.blocks:
             h, block_aux = block(h)
