@@ -13,10 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from languini.transformer import MLP, causal_mask, check_attention, init_gpt2_, init_residual_, masked_attention
 from projects.shortformer.configs import ModelConfig
-
-ATTENTION = ("math", "sdpa")
-
 
 def sinusoids(positions: torch.Tensor, dim: int) -> torch.Tensor:
     """Sinusoidal position embeddings (Vaswani et al.) of shape (len(positions), dim): sin in even, cos in odd
@@ -26,17 +24,13 @@ def sinusoids(positions: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)[:, :dim]
 
 
-def cached_causal_mask(T: int, cache: int, device) -> torch.Tensor:
-    """(T, cache + T) booleans, True where query i may read key j: every cache key, and the segment's keys up
-    to i (a causal mask aligned bottom-right)."""
-    return torch.ones(T, cache + T, dtype=torch.bool, device=device).tril(cache)
-
-
 class Attention(nn.Module):
+    """Position-infused attention over [cache; segment]: its own, as the GPT's (languini/transformer.py) reads
+    neither positions at every layer nor a cache; the masked softmax is the GPT's."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        if cfg.attention not in ATTENTION:
-            raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, not {cfg.attention!r}")
+        check_attention(cfg.attention)
         self.n_heads, self.d_head, self.impl = cfg.n_heads, cfg.d_head, cfg.attention
         self.inner = cfg.n_heads * cfg.d_head
         self.qkv = nn.Linear(cfg.d_model, 3 * self.inner)
@@ -61,30 +55,18 @@ class Attention(nn.Module):
             return t.view(B, t.shape[1], self.n_heads, self.d_head).transpose(1, 2)
 
         q, k, v = heads(q), heads(k), heads(v)
-        allowed = cached_causal_mask(T, S - T, h.device)
-        if self.impl == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
-        else:  # as the GPT's: under autocast the softmax runs in fp32, the products in half precision
-            scores = torch.einsum("bhid,bhjd->bhij", q, k) * self.d_head ** -0.5
-            y = torch.einsum("bhij,bhjd->bhid", F.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1), v)
+        # the causal mask aligned bottom-right: every cache key, and the segment's keys up to the query
+        y = masked_attention(q, k, v, causal_mask(T, S, device=h.device), self.impl)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model)
-        self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
-
-    def forward(self, x):
-        return self.proj(F.gelu(self.fc(x), approximate="tanh"))
-
-
 class Block(nn.Module):
+    """The GPT's pre-LayerNorm block with the cache and positions passed to the attention."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.ln1, self.attn = nn.LayerNorm(cfg.d_model), Attention(cfg)
-        self.ln2, self.mlp = nn.LayerNorm(cfg.d_model), MLP(cfg)
+        self.ln2, self.mlp = nn.LayerNorm(cfg.d_model), MLP(cfg.d_model, cfg.mlp_ratio)
 
     def forward(self, x, x_cache, pos):
         # the cache holds raw layer inputs, normalised with the current weights like the segment
@@ -106,16 +88,9 @@ class Model(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.apply(self._init)
+        self.apply(init_gpt2_)
         for block in self.blocks:  # GPT-2: the MLP's residual write is scaled down with depth
-            nn.init.normal_(block.mlp.proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
-
-    @staticmethod
-    def _init(m):
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=0.02)
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            nn.init.zeros_(m.bias)
+            init_residual_(block.mlp.proj, cfg.n_layers)
 
     def forward(self, x, state=None):
         """x: (B, T) tokens; state: None or the previous segment's cache, one (B, L, d) tensor per layer.
