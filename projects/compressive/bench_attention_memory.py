@@ -5,10 +5,10 @@ Each row times one layer (projections, the attention core, the output projection
 width d_model: the compressive project's RelativeAttention over n_m memories before the segment, through each of
 its implementations (naive: the PyTorch reference; triton: the kernel; flex: FlexAttention), and the GPT's
 attention layer (math: an explicit masked softmax, the kitchen's default; sdpa: PyTorch's fused kernels) over the
-segment alone, copied below as GPTAttention because projects never import each other
-(tests/compressive/test_bench_attention_memory.py checks the copy against projects/gpt/model.py). `ratio` is the row's tokens/s over the GPT math layer's in the same run and mode. The Triton rows
-need a GPU (on CPU they would time the interpreter); FlexAttention has no backward on CPU. Peak memory is the CUDA
-allocator's peak above the inputs (GPU only). Timed with CUDA events on a GPU, a wall clock on CPU; medians.
+segment alone (languini/transformer.py's Attention, the layer every GPT project uses). `ratio` is the row's
+tokens/s over the GPT math layer's in the same run and mode. The Triton rows need a GPU (on CPU they would time
+the interpreter); FlexAttention has no backward on CPU. Peak memory is the CUDA allocator's peak above the inputs
+(GPU only). Timed with CUDA events on a GPU, a wall clock on CPU; medians.
 
     python projects/compressive/bench_attention_memory.py           # GPU: small's width, 8 x 512 tokens
     python projects/compressive/bench_attention_memory.py --batch_size 1 --memories 0 128 \\
@@ -18,34 +18,12 @@ import dataclasses
 import sys
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
+from languini import transformer
 from languini.flags import Parser
 from languini.timing import time_calls
 from projects.compressive import configs
 from projects.compressive.model import RelativeAttention
-
-
-class GPTAttention(nn.Module):
-    """The GPT baseline's causal self-attention (projects/gpt/model.py: Attention), over the segment alone."""
-
-    def __init__(self, d_model: int, n_heads: int, d_head: int, impl: str):
-        super().__init__()
-        self.n_heads, self.d_head, self.impl = n_heads, d_head, impl
-        self.qkv = nn.Linear(d_model, 3 * n_heads * d_head)
-        self.proj = nn.Linear(n_heads * d_head, d_model)
-
-    def forward(self, x):
-        B, T, _ = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
-        if self.impl == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:  # as the official code: under autocast the softmax runs in fp32, the products in half precision
-            scores = torch.einsum("bhid,bhjd->bhij", q, k) * self.d_head ** -0.5
-            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-            y = torch.einsum("bhij,bhjd->bhid", F.softmax(scores.masked_fill(future, float("-inf")), dim=-1), v)
-        return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
 @dataclasses.dataclass
@@ -92,7 +70,7 @@ def rows(args, device: torch.device):
     x = torch.randn(B, T, d, device=device, requires_grad=True)
     for mode in ("fwd", "fwd+bwd"):
         for impl in ("math", "sdpa"):
-            gpt = GPTAttention(d, args.n_heads, args.d_head, impl).to(device)
+            gpt = transformer.Attention(d, args.n_heads, args.d_head, impl).to(device)
             seconds, peak = measure(gpt, (x,), mode, device, args.repeats, args.warmup, autocast)
             yield Row(f"gpt {impl}", 0, mode, seconds, B * T, peak)
         for memory in args.memories:

@@ -3,6 +3,7 @@ with the thesis's PG-19 recipe scaled down (Rae, thesis chapter 6.5.1: segment 5
 512, compression rate 2; the Transformer-XL baseline attends over 1024 memories at equal attention cost)."""
 from dataclasses import dataclass, replace
 
+from languini import transformer
 from languini.flags import arg
 
 
@@ -34,13 +35,9 @@ def _txl(cfg: ModelConfig) -> ModelConfig:
 
 
 _COMPRESSIVE = {
-    "mini": ModelConfig(d_model=512, n_layers=4, n_heads=8, d_head=32),
-    "tiny": ModelConfig(d_model=768, n_layers=4, n_heads=12, d_head=64),
-    "small": ModelConfig(d_model=768, n_layers=12, n_heads=12, d_head=64),
-    "medium": ModelConfig(d_model=1024, n_layers=24, n_heads=16, d_head=64),
+    **transformer.sizes(ModelConfig, ("mini", "tiny", "small", "medium")),
     # Sized for a smoke test on 2 CPU cores with the embedded default corpus (as the GPT's); not a paper config.
-    "cpu": ModelConfig(vocab_size=2048, seq_len=128, mem_len=128, cmem_len=128, d_model=128, n_layers=2,
-                       n_heads=4, d_head=32),
+    "cpu": ModelConfig(**transformer.CPU_SIZE, mem_len=128, cmem_len=128),
 }
 SIZES = {**_COMPRESSIVE, **{f"txl_{name}": _txl(cfg) for name, cfg in _COMPRESSIVE.items()}}
 
@@ -48,13 +45,7 @@ SIZES = {**_COMPRESSIVE, **{f"txl_{name}": _txl(cfg) for name, cfg in _COMPRESSI
 # thesis's gradient clipping: "We clipped the gradients to have a norm of at most 0.1, which was crucial to
 # successful optimisation" (section 6.5). Pass --grad_clip to change it; runs without a named class (the CPU
 # default, e.g. --compute_class 2m) take the trainer's default instead.
-COMPUTE_CLASSES = {
-    "6h": {"config": "small", "batch_size": 128, "grad_clip": 0.1},
-    "12h": {"config": "small", "batch_size": 128, "grad_clip": 0.1},
-    "24h": {"config": "small", "batch_size": 256, "grad_clip": 0.1},
-    "48h": {"config": "medium", "batch_size": 256, "grad_clip": 0.1},
-    "96h": {"config": "medium", "batch_size": 256, "grad_clip": 0.1},
-}
+COMPUTE_CLASSES = transformer.compute_classes(grad_clip=0.1)
 
 
 def get(name: str, **overrides) -> ModelConfig:

@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from languini.transformer import MLP, init_gpt2_, init_residual_
 from projects.compressive.configs import ModelConfig
 from projects.compressive.ops.rel_attention.naive import memory_mask, relative_attention_naive
 
@@ -35,7 +36,8 @@ def sinusoids(positions: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 class RelativeAttention(nn.Module):
-    """Multi-head attention over [prefix; segment] with Transformer-XL relative positions."""
+    """Multi-head attention over [prefix; segment] with Transformer-XL relative positions (its own: the GPT's in
+    languini/transformer.py has learned absolute positions and no prefix)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -98,21 +100,11 @@ class RelativeAttention(nn.Module):
         return torch.einsum("bhij,bhjd->bhid", weights, self.heads(v))
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model)
-        self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
-
-    def forward(self, x):
-        return self.proj(F.gelu(self.fc(x), approximate="tanh"))  # GPT-2's GELU
-
-
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.ln1, self.attn = nn.LayerNorm(cfg.d_model), RelativeAttention(cfg)
-        self.ln2, self.mlp = nn.LayerNorm(cfg.d_model), MLP(cfg)
+        self.ln2, self.mlp = nn.LayerNorm(cfg.d_model), MLP(cfg.d_model, cfg.mlp_ratio)
         self.compression, self.rate = cfg.compression, cfg.compression_rate
         # f_c: n memories -> floor(n / c) compressed memories (a trailing n mod c are dropped, as the thesis's floor)
         self.compress = (nn.Conv1d(cfg.d_model, cfg.d_model, self.rate, stride=self.rate, bias=False)
@@ -167,17 +159,10 @@ class Model(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.apply(self._init)
+        self.apply(init_gpt2_)
         for block in self.blocks:  # GPT-2: the MLP's residual write is scaled down with depth
-            nn.init.normal_(block.mlp.proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
+            init_residual_(block.mlp.proj, cfg.n_layers)
         self.reconstruction_record = None  # (2, layers): summed losses and compressions of eval forwards, once reset
-
-    @staticmethod
-    def _init(m):
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=0.02)
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            nn.init.zeros_(m.bias)
 
     def empty_state(self, x: torch.Tensor) -> list:
         empty = torch.zeros(x.shape[0], 0, self.cfg.d_model, device=x.device)
