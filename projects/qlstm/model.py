@@ -1,4 +1,4 @@
-"""Quasi-LSTM language model (Languini paper, section 4.3): the GPT of projects/gpt with the attention
+"""Quasi-LSTM language model (Languini paper, section 4.3): the GPT (languini/transformer.py) with the attention
 sublayer replaced by a multi-head quasi-LSTM cell (or the classic multi-head LSTM), and no position embeddings.
 
 The state is a list with one cell state per layer (qLSTM: c; LSTM: (c, h)); None means zeros. The trainer
@@ -7,21 +7,11 @@ detaches it and carries it from one batch of a stream to the next.
 import math
 
 import torch.nn as nn
-import torch.nn.functional as F
 
+from languini.transformer import MLP, init_gpt2_, init_residual_
 from projects.qlstm.cell import MultiHeadLSTM, QuasiLSTM
 from projects.qlstm.configs import CELLS, ModelConfig
 from projects.qlstm.ops.scan import IMPLS, scan_flops
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model)
-        self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
-
-    def forward(self, x):
-        return self.proj(F.gelu(self.fc(x), approximate="tanh"))  # GPT-2's GELU
 
 
 def make_cell(cfg: ModelConfig) -> nn.Module:
@@ -31,10 +21,12 @@ def make_cell(cfg: ModelConfig) -> nn.Module:
 
 
 class Block(nn.Module):
+    """The GPT's pre-LayerNorm block (languini/transformer.py) with the recurrent cell in place of the attention."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.ln1, self.cell = nn.LayerNorm(cfg.d_model), make_cell(cfg)
-        self.ln2, self.mlp = nn.LayerNorm(cfg.d_model), MLP(cfg)
+        self.ln2, self.mlp = nn.LayerNorm(cfg.d_model), MLP(cfg.d_model, cfg.mlp_ratio)
 
     def forward(self, x, state):
         y, state = self.cell(self.ln1(x), state)
@@ -53,20 +45,12 @@ class Model(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.apply(self._init)
+        self.apply(init_gpt2_)
         if cfg.tie_embeddings:  # one tensor: what trains or rewrites a row of the output layer moves the input too
             self.head.weight = self.tok_emb.weight
-        for name, p in self.named_parameters():
+        for block in self.blocks:
             # MLP residual writes scaled down with depth; the cell's output projection is not, as in the official code
-            if name.endswith("mlp.proj.weight"):
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layers))
-
-    @staticmethod
-    def _init(m):
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=0.02)
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            nn.init.zeros_(m.bias)
+            init_residual_(block.mlp.proj, cfg.n_layers)
 
     def forward(self, x, state=None):
         if state is None:
