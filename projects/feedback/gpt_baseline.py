@@ -1,99 +1,23 @@
-"""The GPT of projects/gpt/model.py, copied (projects never import each other; tests/feedback/test_bench.py checks
-the copy against the original), with token-by-token generation from a key/value cache: the baseline of
-bench_speed.py and toy_tasks.py at the Feedback Transformer's width, depth and segment length."""
+"""The GPT (languini/transformer.py, as projects/gpt's; tests/feedback/test_scripts.py checks it against
+projects/gpt) with an optional attention window and token-by-token generation from a key/value cache: the baseline
+of bench_speed.py and toy_tasks.py at the Feedback Transformer's width, depth and segment length."""
 import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+
+from languini import transformer
 
 
 @dataclass
-class GPTConfig:
-    vocab_size: int = 16384
-    seq_len: int = 512
-    d_model: int = 768
-    n_layers: int = 12
-    n_heads: int = 12
-    d_head: int = 64
-    mlp_ratio: int = 4
-    attention: str = "math"  # math: the official code's explicit masked softmax; sdpa: F.scaled_dot_product_attention
+class GPTConfig(transformer.GPTConfig):
     window: int | None = None  # attend over the last `window` positions only (the Feedback Transformer's tau)
 
 
-class Attention(nn.Module):
+class GPT(transformer.GPT):
     def __init__(self, cfg: GPTConfig):
-        super().__init__()
-        self.n_heads, self.d_head, self.impl, self.window = cfg.n_heads, cfg.d_head, cfg.attention, cfg.window
-        inner = cfg.n_heads * cfg.d_head
-        self.qkv = nn.Linear(cfg.d_model, 3 * inner)
-        self.proj = nn.Linear(inner, cfg.d_model)
-
-    def forward(self, x):
-        B, T, _ = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
-        hidden = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)  # the future
-        if self.window is not None:  # and what lies `window` or more positions back
-            hidden |= torch.ones_like(hidden).tril(-self.window)
-        if self.impl == "sdpa":
-            y = (F.scaled_dot_product_attention(q, k, v, is_causal=True) if self.window is None
-                 else F.scaled_dot_product_attention(q, k, v, attn_mask=~hidden))
-        else:
-            scores = torch.einsum("bhid,bhjd->bhij", q, k) * self.d_head ** -0.5
-            y = torch.einsum("bhij,bhjd->bhid", F.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1), v)
-        return self.proj(y.transpose(1, 2).reshape(B, T, -1))
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: GPTConfig):
-        super().__init__()
-        self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model)
-        self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
-
-    def forward(self, x):
-        return self.proj(F.gelu(self.fc(x), approximate="tanh"))
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig):
-        super().__init__()
-        self.ln1, self.attn = nn.LayerNorm(cfg.d_model), Attention(cfg)
-        self.ln2, self.mlp = nn.LayerNorm(cfg.d_model), MLP(cfg)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
-
-
-class GPT(nn.Module):
-    stateful = False
-
-    def __init__(self, cfg: GPTConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.ln_f = nn.LayerNorm(cfg.d_model)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.apply(self._init)
-        for block in self.blocks:
-            nn.init.normal_(block.mlp.proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
-
-    @staticmethod
-    def _init(m):
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=0.02)
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            nn.init.zeros_(m.bias)
-
-    def forward(self, x, state=None):
-        T = x.shape[1]
-        h = self.tok_emb(x) * math.sqrt(self.cfg.d_model) + self.pos_emb(torch.arange(T, device=x.device))
-        for block in self.blocks:
-            h = block(h)
-        return self.head(self.ln_f(h)), None
+        super().__init__(cfg, lambda i: transformer.Block(cfg, window=cfg.window))
 
 
 class CachedDecoder:

@@ -1,4 +1,4 @@
-"""The project's scripts: the GPT copy of gpt_baseline.py against projects/gpt/model.py and its cached generation
+"""The project's scripts: the GPT of gpt_baseline.py against projects/gpt/model.py and its cached generation
 against its forward; bench_speed.py's and bench_generation.py's tables; the random walks of tasks.py against a
 hand-worked walk, and the task's script end to end on a tiny budget; the toy tasks' data against hand checks and an
 interpreter."""
@@ -9,14 +9,14 @@ from projects.feedback import bench_generation, bench_speed, configs, tasks, toy
 from projects.feedback.gpt_baseline import GPT, CachedDecoder, GPTConfig
 
 
-def test_gpt_copy_equals_the_gpt_project():
+def test_gpt_baseline_equals_the_gpt_project():
     from projects.gpt import configs as gpt_configs
     from projects.gpt.model import Model as OriginalGPT
 
     for attention in ("math", "sdpa"):
         cfg = bench_speed.gpt_config(configs.get("cpu", n_layers=1, seq_len=16), attention)
         torch.manual_seed(0)
-        # the copy's one addition, the attention window, off (None) as the original has none
+        # the baseline's one addition, the attention window, off (None) as the GPT project has none
         original = OriginalGPT(gpt_configs.ModelConfig(**{k: v for k, v in vars(cfg).items() if k != "window"}))
         torch.manual_seed(0)
         copy = GPT(cfg)
@@ -24,7 +24,7 @@ def test_gpt_copy_equals_the_gpt_project():
         copy.load_state_dict(original.state_dict())
         tokens = torch.randint(cfg.vocab_size, (2, 16))
         with torch.no_grad():
-            # the same weights through two copies of the code: fp32 tolerance (a kernel may differ by machine)
+            # the same weights through two models: fp32 tolerance (a kernel may differ by machine)
             torch.testing.assert_close(copy(tokens)[0], original(tokens)[0], rtol=1e-5, atol=1e-5)
 
 
