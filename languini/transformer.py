@@ -178,16 +178,18 @@ class GPT(nn.Module):
     """Token embeddings (scaled by sqrt(d_model), as the official Languini code) plus learned positions, the blocks,
     the final LayerNorm and the output layer (`tok_emb`, `pos_emb`, `blocks`, `ln_f`, `head`), initialised as
     GPT-2. `make_block(i)` builds block i (default: Block(cfg)); init_block scales each block's residual write
-    after the model-wide init, in block order (a subclass overrides it where its feed-forward part differs)."""
+    after the model-wide init, in block order (a subclass overrides it where its feed-forward part differs).
+    positions=False: no position table, for models whose positions enter inside the blocks (relative, sinusoids
+    at every layer) or that need none (recurrent); they bring their own forward."""
 
     stateful = False  # every window starts afresh (languini/model_contract.py)
 
-    def __init__(self, cfg: GPTConfig, make_block: Callable[[int], nn.Module] | None = None):
+    def __init__(self, cfg: GPTConfig, make_block: Callable[[int], nn.Module] | None = None, positions: bool = True):
         super().__init__()
         self.cfg = cfg
         make_block = make_block or (lambda i: Block(cfg))
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model) if positions else None
         self.blocks = nn.ModuleList(make_block(i) for i in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -197,19 +199,21 @@ class GPT(nn.Module):
 
     def init_block(self, block: nn.Module) -> None:
         """GPT-2: the MLP's residual write is scaled down with depth."""
-        init_residual_(block.feed_forward.proj, self.cfg.n_layers)
+        init_residual_(block.mlp.proj, self.cfg.n_layers)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens (B, T) -> the first block's input (B, T, d_model)."""
+        h = self.tok_emb(x) * math.sqrt(self.cfg.d_model)
+        if self.pos_emb is None:
+            return h
         T = x.shape[1]
         if T > self.cfg.seq_len:
             raise ValueError(f"Sequence length {T} exceeds the position table ({self.cfg.seq_len}); "
                              f"use --seq_len {T} or shorter sequences.")
-        return self.tok_emb(x) * math.sqrt(self.cfg.d_model) + self.pos_emb(torch.arange(T, device=x.device))
+        return h + self.pos_emb(torch.arange(T, device=x.device))
 
     def forward(self, x, state=None):
         h = self.embed(x)
         for block in self.blocks:
             h = block(h)
         return self.head(self.ln_f(h)), None
-

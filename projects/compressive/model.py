@@ -8,14 +8,12 @@ f_c (kernel = stride = c, no bias; max or mean pooling as options) instead of be
 f_c is trained only by the attention-reconstruction loss (Algorithm 6), returned as the auxiliary loss
 "reconstruction"; the state carried from segment to segment is (memory, compressed memory) per layer.
 """
-import math
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from languini.transformer import MLP, init_gpt2_, init_residual_
+from languini.transformer import GPT, MLP
 from projects.compressive.configs import ModelConfig
 from projects.compressive.ops.rel_attention.naive import memory_mask, relative_attention_naive
 
@@ -138,14 +136,13 @@ class Block(nn.Module):
         return F.mse_loss(self.attn.content_attention(queries, norm(compressed)), target)
 
 
-class Model(nn.Module):
+class Model(GPT):
     stateful = True  # carries (memory, compressed memory) per layer from segment to segment
     weights_used_outside_blocks = True  # update_memories compresses with a block's weights (--fsdp: one unit)
     # checkpoints store the memories in bf16 (half of ~10 GB at small, batch 256); a resume is then not bit-exact
     checkpoint_state_dtype = torch.bfloat16
 
     def __init__(self, cfg: ModelConfig):
-        super().__init__()
         if cfg.mem_len < 1 or cfg.cmem_len < 0:
             raise ValueError(f"mem_len must be at least 1 and cmem_len at least 0, got {cfg.mem_len}, {cfg.cmem_len}")
         if cfg.cmem_len and cfg.compression_rate < 1:
@@ -154,14 +151,7 @@ class Model(nn.Module):
             raise ValueError(f"compression must be one of {', '.join(COMPRESSION)}, not {cfg.compression!r}")
         if cfg.attention_impl not in ATTENTION_IMPL:
             raise ValueError(f"attention_impl must be one of {', '.join(ATTENTION_IMPL)}, not {cfg.attention_impl!r}")
-        self.cfg = cfg
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.ln_f = nn.LayerNorm(cfg.d_model)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.apply(init_gpt2_)
-        for block in self.blocks:  # GPT-2: the MLP's residual write is scaled down with depth
-            init_residual_(block.mlp.proj, cfg.n_layers)
+        super().__init__(cfg, lambda i: Block(cfg), positions=False)  # relative positions, in the attention
         self.reconstruction_record = None  # (2, layers): summed losses and compressions of eval forwards, once reset
 
     def empty_state(self, x: torch.Tensor) -> list:
@@ -187,8 +177,7 @@ class Model(nn.Module):
         (B, <= n_cm, d)). Returns logits (B, T, vocab), the next state, and {"reconstruction": the sum over layers
         of the attention-reconstruction losses} for a Compressive Transformer ({} for a Transformer-XL)."""
         state = self.empty_state(x) if state is None else state
-        # token embeddings scaled by sqrt(d_model) as the GPT's; positions enter only through the attention
-        h = self.tok_emb(x) * math.sqrt(self.cfg.d_model)
+        h = self.embed(x)  # positions enter only through the attention
         new_state, losses = [], []
         for layer, (block, (mem, cmem)) in enumerate(zip(self.blocks, state, strict=True)):
             out = block(h, torch.cat([cmem, mem], dim=1))

@@ -4,11 +4,9 @@ sublayer replaced by a multi-head quasi-LSTM cell (or the classic multi-head LST
 The state is a list with one cell state per layer (qLSTM: c; LSTM: (c, h)); None means zeros. The trainer
 detaches it and carries it from one batch of a stream to the next.
 """
-import math
-
 import torch.nn as nn
 
-from languini.transformer import MLP, init_gpt2_, init_residual_
+from languini.transformer import GPT, MLP
 from projects.qlstm.cell import MultiHeadLSTM, QuasiLSTM
 from projects.qlstm.configs import CELLS, ModelConfig
 from projects.qlstm.ops.scan import IMPLS, scan_flops
@@ -34,23 +32,17 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x)), state
 
 
-class Model(nn.Module):
+class Model(GPT):
+    """The GPT's embeddings, output layer and init (languini/transformer.py) around the recurrent blocks; GPT-2's
+    depth scaling of the MLP's residual write, not of the cell's output projection, as in the official code."""
+
     stateful = True  # each layer's cell state is carried to the next batch of a stream (languini/model_contract.py)
 
     def __init__(self, cfg: ModelConfig):
-        super().__init__()
         _check_config(cfg)
-        self.cfg = cfg
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.ln_f = nn.LayerNorm(cfg.d_model)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.apply(init_gpt2_)
+        super().__init__(cfg, lambda i: Block(cfg), positions=False)
         if cfg.tie_embeddings:  # one tensor: what trains or rewrites a row of the output layer moves the input too
             self.head.weight = self.tok_emb.weight
-        for block in self.blocks:
-            # MLP residual writes scaled down with depth; the cell's output projection is not, as in the official code
-            init_residual_(block.mlp.proj, cfg.n_layers)
 
     def forward(self, x, state=None):
         if state is None:
@@ -58,7 +50,7 @@ class Model(nn.Module):
         elif len(state) != self.cfg.n_layers:
             raise ValueError(f"state must hold one entry per layer ({self.cfg.n_layers}), got {len(state)}; "
                              "pass the state this model returned, or None for zeros")
-        h = self.tok_emb(x) * math.sqrt(self.cfg.d_model)  # as in the official Languini code
+        h = self.embed(x)
         new_state = []
         for block, layer_state in zip(self.blocks, state):
             h, layer_state = block(h, layer_state)

@@ -7,13 +7,11 @@ attends over them as extra keys/values, the cache at positions 1..L and the curr
 state carried from segment to segment (per stream, by the trainer and the evaluation) is that cache, one tensor
 per layer; its slow evaluation is thus the Shortformer's non-overlapping evaluation with cache.
 """
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from languini.transformer import MLP, causal_mask, check_attention, init_gpt2_, init_residual_, masked_attention
+from languini.transformer import GPT, MLP, causal_mask, check_attention, masked_attention
 from projects.shortformer.configs import ModelConfig
 
 def sinusoids(positions: torch.Tensor, dim: int) -> torch.Tensor:
@@ -74,23 +72,15 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-class Model(nn.Module):
+class Model(GPT):
     # carries its cache from segment to segment; an instance without cache (cache_len 0) is stateless
     stateful = True
 
     def __init__(self, cfg: ModelConfig):
-        super().__init__()
         if cfg.cache_len < 0:
             raise ValueError(f"cache_len must be at least 0, got {cfg.cache_len}")
-        self.cfg = cfg
+        super().__init__(cfg, lambda i: Block(cfg), positions=False)  # positions enter in every attention
         self.stateful = cfg.cache_len > 0
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.ln_f = nn.LayerNorm(cfg.d_model)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.apply(init_gpt2_)
-        for block in self.blocks:  # GPT-2: the MLP's residual write is scaled down with depth
-            init_residual_(block.mlp.proj, cfg.n_layers)
 
     def forward(self, x, state=None):
         """x: (B, T) tokens; state: None or the previous segment's cache, one (B, L, d) tensor per layer.
@@ -99,8 +89,7 @@ class Model(nn.Module):
         T = x.shape[1]
         L = 0 if state is None else state[0].shape[1]
         pos = sinusoids(torch.arange(1, L + T + 1, device=x.device), self.cfg.d_model)
-        # token embeddings scaled by sqrt(d_model) as the GPT's; no positions here
-        h = self.tok_emb(x) * math.sqrt(self.cfg.d_model)
+        h = self.embed(x)  # no positions here
         new_state = []
         for i, block in enumerate(self.blocks):
             if self.stateful:

@@ -140,6 +140,15 @@ def test_sequence_longer_than_the_position_table_is_explained():
         tf.GPT(TINY)(torch.zeros(1, 17, dtype=torch.long))
 
 
+def test_a_model_without_positions_embeds_tokens_only_at_any_length():
+    torch.manual_seed(0)
+    model = tf.GPT(TINY, positions=False)
+    assert model.pos_emb is None and "pos_emb.weight" not in model.state_dict()
+    x = torch.randint(64, (2, 40))  # longer than seq_len: nothing limits it
+    # one fp32 product per element: within an ulp
+    torch.testing.assert_close(model.embed(x), model.tok_emb.weight[x] * math.sqrt(32), rtol=2e-7, atol=1e-9)
+
+
 def test_sizes_and_compute_classes_are_the_papers():
     small = tf.sizes(tf.GPTConfig)["small"]
     assert (small.d_model, small.n_layers, small.n_heads, small.d_head) == (768, 12, 12, 64)
