@@ -3,6 +3,7 @@ of tau = 512 steps (Fan et al. 2020, "Addressing some limitations of transformer
 in ../shared/papers/003_*.txt)."""
 from dataclasses import dataclass, replace
 
+from languini import transformer
 from languini.flags import arg
 
 MEMORY = ("weighted", "average", "layer")
@@ -30,23 +31,13 @@ class ModelConfig:
 
 
 SIZES = {
-    "mini": ModelConfig(d_model=512, n_layers=4, n_heads=8, d_head=32),
-    "tiny": ModelConfig(d_model=768, n_layers=4, n_heads=12, d_head=64),
-    "small": ModelConfig(d_model=768, n_layers=12, n_heads=12, d_head=64),
-    # 24 layers as the GPT's medium (Table 4 prints 12, but its parameter count needs 24)
-    "medium": ModelConfig(d_model=1024, n_layers=24, n_heads=16, d_head=64),
+    **transformer.sizes(ModelConfig, ("mini", "tiny", "small", "medium")),
     # Sized for a smoke test on 2 CPU cores with the embedded default corpus (as the GPT's); not a paper config.
-    "cpu": ModelConfig(vocab_size=2048, seq_len=128, mem_len=128, d_model=128, n_layers=2, n_heads=4, d_head=32),
+    "cpu": ModelConfig(**transformer.CPU_SIZE, mem_len=128),
 }
 
 # As the GPT's Table 6 settings (the best GPT run per class); the Feedback Transformer has no published Languini runs.
-COMPUTE_CLASSES = {
-    "6h": {"config": "small", "batch_size": 128},
-    "12h": {"config": "small", "batch_size": 128},
-    "24h": {"config": "small", "batch_size": 256},
-    "48h": {"config": "medium", "batch_size": 256},
-    "96h": {"config": "medium", "batch_size": 256},
-}
+COMPUTE_CLASSES = transformer.compute_classes()
 
 
 def get(name: str, **overrides) -> ModelConfig:
