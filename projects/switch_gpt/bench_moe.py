@@ -17,8 +17,9 @@ import time
 import torch
 
 from languini.flags import Parser
+from languini.transformer import MLP
 from projects.switch_gpt import configs
-from projects.switch_gpt.model import MLP, SwitchMLP
+from projects.switch_gpt.model import SwitchMLP
 
 
 def time_steps(module, x, steps: int, warmup: int) -> float:
@@ -68,7 +69,7 @@ def main(argv=None):
     x = torch.randn(args.tokens, args.d_model, device=device, requires_grad=True)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
     with autocast:
-        dense = time_steps(MLP(configs.get("small", d_model=args.d_model)).to(device), x, args.steps, args.warmup)
+        dense = time_steps(MLP(args.d_model, configs.get("small").mlp_ratio).to(device), x, args.steps, args.warmup)
     print(f"{'dense MLP':<24}{'-':>4}{args.tokens / dense:>14,.0f}{1.0:>10.2f}")
     impls = ["naive"] + (["triton"] if device.type == "cuda" else [])
     for E in (int(e) for e in args.experts.split(",")):
