@@ -136,7 +136,8 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
     """Pre-LayerNorm block: x + attn(ln1(x)), then + ff(ln2(x)). The feed-forward part is the GPT's MLP, built
-    after the attention as the GPT always did, or the module `ff` (a memory, experts) registered as `ff_name`,
+    after the attention as the GPT always did (the order of the random draws a fixed seed reproduces), or the
+    module `ff` (a memory, experts) registered as `ff_name`,
     which keeps each project's parameter names ("mlp" in the GPT, "ff" where a memory may replace it)."""
 
     def __init__(self, cfg: GPTConfig, ff: nn.Module | None = None, ff_name: str = "mlp", window: int | None = None):
