@@ -26,3 +26,67 @@ def test_an_untrained_model_predicts_about_uniformly():
         logits = model(x[:, :-1])[0]
     loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
     assert abs(loss.item() - math.log(cfg.vocab_size)) < 0.1 * math.log(cfg.vocab_size)
+
+
+def test_every_block_has_a_memory_beside_its_ffn_unless_chosen():
+    cfg = configs.get("cpu")
+    model = Model(cfg)
+    assert model.memory_blocks == [0, 1] and all(b.memory is not None for b in model.blocks)
+    assert model.blocks[0].mlp.fc.out_features == cfg.ffn_hidden
+    one = Model(configs.get("cpu", memory_layers="1"))
+    assert one.blocks[0].memory is None and one.blocks[1].memory is not None
+
+
+def test_the_cpu_configs_value_tables_by_hand():
+    cfg = configs.get("cpu")
+    layer = Model(cfg).memories[0]
+    # 32^2 values and pre-values of width 128 / 4 per block: pkm_gpt cpu's 32^2 x 128 over its 2 blocks
+    assert layer.values.shape == layer.pre_values.shape == (1024, 32)
+    assert cfg.n_layers * 2 * layer.values.numel() == 32 ** 2 * 128
+    # keys: 2 sides x rank 2 x 32 keys x 32; core 2 x 2
+    assert layer.keys.shape == (2, 2, 32, 32) and layer.core.shape == (2, 2)
+
+
+def test_a_block_adds_the_ffn_and_the_memory_of_its_normalised_input():
+    torch.manual_seed(0)
+    model = Model(configs.get("cpu"))
+    block, x = model.blocks[0], torch.randn(2, 5, 128)
+    h = x + block.attn(block.ln1(x))
+    expected = h + block.mlp(block.ln2(h)) + block.memory(block.ln2(h))
+    torch.testing.assert_close(block(x), expected)
+
+
+def test_memory_output_std_matches_the_ffn_beside_it_at_init():
+    torch.manual_seed(0)
+    model = Model(configs.get("cpu"))
+    tokens = torch.randn(512, 128, generator=torch.Generator().manual_seed(123))  # not the rows it was matched on
+    with torch.no_grad():
+        for block in model.blocks:
+            ratio = (block.memory(tokens).std() / block.mlp(tokens).std()).item()
+            assert 0.85 < ratio < 1.15  # sampling error of a std over a few thousand numbers, and other inputs
+
+
+def test_forward_flops_match_the_gpts_of_the_same_name():
+    from languini import flops
+    from projects.gpt import configs as gpt_configs
+    from projects.gpt.model import Model as GPT
+
+    for name in ("cpu", "mini"):  # the other sizes: README.md's table (seconds each on the meta device)
+        counts = []
+        for cls, cfg in ((Model, configs.get(name)), (GPT, gpt_configs.get(name))):
+            with torch.device("meta"):
+                counts.append(flops.forward_flops(cls(cfg), cfg.seq_len, cfg.vocab_size, "meta"))
+        assert abs(counts[0] / counts[1] - 1) < 1e-3, name
+
+
+def test_value_tables_train_at_their_multiplier_and_stats_are_recorded():
+    cfg = configs.get("cpu")
+    model = Model(cfg)
+    rest, values = model.optimizer_groups(1e-3)
+    assert values["lr"] == 4e-3 and rest["lr"] == 1e-3
+    assert {id(p) for p in values["params"]} == {id(t) for m in model.memories for t in (m.values, m.pre_values)}
+    model.reset_memory_stats()
+    with torch.no_grad():
+        model(torch.randint(cfg.vocab_size, (2, 16)))
+    stats = model.memory_stats()["layers"]["block_0"]
+    assert 0 < stats["memory_usage"] <= 1
