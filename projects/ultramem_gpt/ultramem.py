@@ -3,8 +3,8 @@ Superior Long-Context Learning", arXiv:2508.18756), on the retrieval of UltraMem
 Memory Network", ICLR 2025, arXiv:2411.12364). What is followed and what departs: README.md.
 
 Per token x (the block's normalised input, width d_model), with N = n_keys^2 values:
-1. TDQKR (v1 section 3.2): a row query and a column query of width k_dim (one linear map, each half layer-normed)
-   are scored against n_keys row keys and n_keys column keys of rank r (layer-normed): S_row, S_col [n_keys, r];
+1. TDQKR (v1, "Tucker Decomposed Query-Key Retrieval"): a row query and a column query of width k_dim (one linear
+   map, each half layer-normed) are scored against n_keys row keys and n_keys column keys of rank r (layer-normed): S_row, S_col [n_keys, r];
    the score of value (i, j) is S_row[i]^T C S_col[j] with a learned r x r core C.
 2. The top-k over the n_keys^2 grid as v1 finds it: C's first singular vectors u, v (C ~ sigma u v^T) rank the rows
    by S_row u and the columns by S_col v; the knn best of each give knn^2 candidate cells, scored exactly with C,
@@ -37,7 +37,7 @@ def core_directions(core):
 
 
 def tdqkr_search(row_scores, col_scores, core, knn, triton=None):
-    """TDQKR's top-k (v1 section 3.2): the knn values a token reads and their scores.
+    """TDQKR's top-k (v1): the knn values a token reads and their scores.
 
     Args:
         row_scores, col_scores: [R, n_keys, r] the rank-r scores of each row and column key; core: [r, r].

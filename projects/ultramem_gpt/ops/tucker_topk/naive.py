@@ -2,7 +2,7 @@
 path.
 
 A token's row candidates carry rank-r row scores rows[a] (r numbers each), its column candidates cols[b]; the score
-of cell (a, b) is rows[a]^T core cols[b] (UltraMem, Huang et al. 2024, section 3.2, TDQKR: S_grid = S_row^T C
+of cell (a, b) is rows[a]^T core cols[b] (UltraMem, Huang et al. 2024, TDQKR: S_grid = S_row^T C
 S_col restricted to the candidates).
 """
 import torch
