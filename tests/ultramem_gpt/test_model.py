@@ -6,6 +6,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from languini.memory_stats import MemoryStats
 from projects.ultramem_gpt import configs
 from projects.ultramem_gpt.model import Model
 from tests.core import test_contract, test_throughput
@@ -90,3 +91,27 @@ def test_value_tables_train_at_their_multiplier_and_stats_are_recorded():
         model(torch.randint(cfg.vocab_size, (2, 16)))
     stats = model.memory_stats()["layers"]["block_0"]
     assert 0 < stats["memory_usage"] <= 1
+
+
+def test_sparse_values_trainer_step_moves_only_the_values_read(default_corpus_root, tmp_path):
+    from languini.books import BooksDataset
+    from languini.trainer import TrainConfig, Trainer
+
+    # 16^2 = 256 values per block, at most 2 sequences x 8 tokens x 4 reads of them; two micro-batches add up two
+    # sparse gradients before the step
+    cfg = configs.get("cpu", seq_len=8, n_layers=1, ultramem_n_keys=16, ultramem_knn=4, sparse_values=True)
+    torch.manual_seed(0)
+    trainer = Trainer(project="ultramem_gpt", config_name="cpu", model_cfg=cfg, model_cls=Model,
+                      tcfg=TrainConfig(batch_size=2, micro_batches=2), dataset=BooksDataset(default_corpus_root, 2048),
+                      bytes_per_token=torch.ones(2048), run_dir=tmp_path, total_steps=1, tokens_per_second=1.0)
+    assert [type(opt) for opt in trainer.optimizers] == [torch.optim.Adam, torch.optim.SparseAdam]
+    memory = trainer.model.memories[0]
+    memory.stats = MemoryStats(memory.num_values)  # records the values every forward reads
+    before = [memory.pre_values.detach().clone(), memory.values.detach().clone()]
+    x, y = trainer.batches(0)
+    assert math.isfinite(trainer.train_step(x, y))
+    read = memory.stats.weight > 0
+    assert 0 < read.sum() < memory.num_values
+    for table, old in zip((memory.pre_values, memory.values), before):
+        assert table.grad.layout == torch.sparse_coo
+        assert torch.equal((table.detach() != old).any(dim=1), read)
