@@ -123,12 +123,13 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """GPT-2's MLP: d_model -> mlp_ratio * d_model, GELU (GPT-2's tanh approximation), -> d_model."""
+    """GPT-2's MLP: d_model -> mlp_ratio * d_model (or `hidden`), GELU (GPT-2's tanh approximation), -> d_model."""
 
-    def __init__(self, d_model: int, mlp_ratio: int):
+    def __init__(self, d_model: int, mlp_ratio: int, hidden: int | None = None):
         super().__init__()
-        self.fc = nn.Linear(d_model, mlp_ratio * d_model)
-        self.proj = nn.Linear(mlp_ratio * d_model, d_model)
+        hidden = mlp_ratio * d_model if hidden is None else hidden
+        self.fc = nn.Linear(d_model, hidden)
+        self.proj = nn.Linear(hidden, d_model)
 
     def forward(self, x):
         return self.proj(F.gelu(self.fc(x), approximate="tanh"))

@@ -9,27 +9,18 @@ README.md).
 """
 from dataclasses import dataclass, replace
 
+from languini import transformer
 from languini.flags import arg
 
 
 @dataclass
-class ModelConfig:
-    vocab_size: int = arg(16384, "tokens of the vocabulary (set to the dataset's unless given)")
-    seq_len: int = arg(512, "tokens per sequence, the length of the learned position table")
-    d_model: int = arg(768, "width of the residual stream")
-    n_layers: int = arg(12, "transformer blocks")
-    n_heads: int = arg(12, "attention heads")
-    d_head: int = arg(64, "width of each head; attention width is n_heads * d_head, which differs from d_model for "
-                          "mini")
+class ModelConfig(transformer.GPTConfig):
     mlp_ratio: int = arg(4, "MLP hidden width over d_model (when ffn_hidden is not given)")
     ffn_hidden: int | None = arg(None, "hidden width of the FFN beside each memory (none: mlp_ratio * d_model); the "
                                        "sizes cut it to match the GPT's FLOPs")
     tie_embeddings: bool = arg(False, "one matrix for the input embedding and the output layer (the Hebbian "
                                       "Softmax's language models tie them, Rae's thesis 4.3.2); false: two, as the "
                                       "Languini paper")
-    attention: str = arg("math", "math: an explicit masked softmax, as the official Languini code (whose use_flash is off: "
-                                 "the paper saw gradient spikes with flash attention on its RTX 3090); sdpa: "
-                                 "F.scaled_dot_product_attention (flash kernels)", choices=("math", "sdpa"))
     memory_layers: str | None = arg(None, "blocks (from 0) with a memory beside the FFN, comma-separated (\"2,4\"); "
                                           "none: every block (UltraMemV2)")
     ultramem_n_keys: int = arg(105, "row keys (and column keys): each memory holds ultramem_n_keys ** 2 values")
@@ -46,26 +37,18 @@ class ModelConfig:
 # FFN hidden widths: the multiple of 8 whose forward FLOPs at batch 1 and seq_len 512 (DeepSpeed + extra_flops,
 # vocabulary 16,384) come closest to the GPT's of the same name (README.md, tests/ultramem_gpt/test_model.py).
 SIZES = {
-    "mini": ModelConfig(d_model=512, n_layers=4, n_heads=8, d_head=32, ultramem_n_keys=181, ffn_hidden=1688),
-    "tiny": ModelConfig(d_model=768, n_layers=4, n_heads=12, d_head=64, ultramem_n_keys=181, ffn_hidden=2584),
-    "small": ModelConfig(d_model=768, n_layers=12, n_heads=12, d_head=64, ultramem_n_keys=105, ffn_hidden=2624),
-    # Table 4 prints 12 layers for medium, but its 336.4M parameters (and GPT-2 medium) need 24.
-    "medium": ModelConfig(d_model=1024, n_layers=24, n_heads=16, d_head=64, ultramem_n_keys=74, ffn_hidden=3536),
+    "mini": ModelConfig(**transformer.GPT_SIZES["mini"], ultramem_n_keys=181, ffn_hidden=1688),
+    "tiny": ModelConfig(**transformer.GPT_SIZES["tiny"], ultramem_n_keys=181, ffn_hidden=2584),
+    "small": ModelConfig(**transformer.GPT_SIZES["small"], ultramem_n_keys=105, ffn_hidden=2624),
+    "medium": ModelConfig(**transformer.GPT_SIZES["medium"], ultramem_n_keys=74, ffn_hidden=3536),
     # Sized for a smoke test on 2 CPU cores with the embedded default corpus; not a paper config. 32^2 values of
     # 2 x 32 per block ~ pkm_gpt cpu's 32^2 values of width 128 over its 2 blocks; 16 read per token.
-    "cpu": ModelConfig(vocab_size=2048, seq_len=128, d_model=128, n_layers=2, n_heads=4, d_head=32,
-                       ultramem_n_keys=32, ultramem_knn=16, ffn_hidden=424),
+    "cpu": ModelConfig(**transformer.CPU_SIZE, ultramem_n_keys=32, ultramem_knn=16, ffn_hidden=424),
 }
 
 # The GPT baseline's best model size and batch per compute class (Languini paper, Table 6), so that UltraMemV2 is
 # compared with the GPT at equal reference-hardware time.
-COMPUTE_CLASSES = {
-    "6h": {"config": "small", "batch_size": 128},
-    "12h": {"config": "small", "batch_size": 128},
-    "24h": {"config": "small", "batch_size": 256},
-    "48h": {"config": "medium", "batch_size": 256},
-    "96h": {"config": "medium", "batch_size": 256},
-}
+COMPUTE_CLASSES = transformer.compute_classes()
 
 
 def get(name: str, **overrides) -> ModelConfig:
