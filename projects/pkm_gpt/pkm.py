@@ -17,7 +17,7 @@ from languini import model_parallel
 from languini.memory_layers import check_value_grad, gate_layer, gated, query_norm_layer, sharded_bag
 from languini.memory_stats import MemoryStats
 from projects.pkm_gpt.ops.embedding_bag import embedding_bag
-from projects.pkm_gpt.ops.product_keys import product_key_topk  # noqa: F401  (also this module's API)
+from languini.ops.product_keys import product_key_topk  # noqa: F401  (also this module's API)
 
 
 @dataclass(frozen=True)
