@@ -15,8 +15,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from languini import model_parallel
-from languini.memory_layers import memory_layer_indices
-from languini.memory_stats import MemoryStats
+from languini.memory_layers import memory_layer_indices, table_optimizer_groups
+from languini.memory_stats import MemoryStats, layers_result
 from projects.pkm_gpt.configs import ModelConfig
 from projects.pkm_gpt.pkm import ProductKeyMemory, pkm_flops
 
@@ -142,14 +142,8 @@ class Model(nn.Module):
         """The value table at value_lr (fixed) or value_lr_multiplier x lr, everything else at lr (the schedule
         scales both alike); with sparse_values the value group is marked "sparse" for a lazy optimiser
         (torch.optim.SparseAdam: only rows read are updated)."""
-        values = self.value_tables()
-        value_ids = {id(p) for p in values}
-        rest = [p for p in self.parameters() if id(p) not in value_ids]
         value_lr = self.cfg.value_lr if self.cfg.value_lr is not None else lr * self.cfg.value_lr_multiplier
-        value_group = {"params": values, "lr": value_lr}
-        if self.cfg.sparse_values:
-            value_group["sparse"] = True
-        return [{"params": rest, "lr": lr}, value_group]
+        return table_optimizer_groups(self, self.value_tables(), lr, value_lr, self.cfg.sparse_values)
 
     def extra_flops(self, seq_len: int) -> int:
         """Forward FLOPs at batch 1 that DeepSpeed's profiler misses, per memory layer: the candidate-score sums
@@ -172,15 +166,4 @@ class Model(nn.Module):
         """languini.memory_stats.MemoryStats.result() of the reads since reset_memory_stats (LRAM paper Table 5);
         when running distributed, over all processes, so every process must call it. With several memory
         layers, each layer's under "layers" ("block_<i>"), and a shared table's (all its layers' reads) at the top."""
-        if any(m.stats is None for m in self.memories):
-            raise ValueError("memory_stats() needs reset_memory_stats() and a forward pass first.")
-        device = self.memory.values.device
-        merged = [m.stats.all_processes(device) for m in self.memories]
-        if len(merged) == 1:
-            return merged[0].result()
-        stats = {"layers": {f"block_{i}": s.result() for i, s in zip(self.memory_blocks, merged)}}
-        if self.cfg.share_memory:
-            table = MemoryStats(self.memory.num_values)
-            table.weight = sum(s.weight for s in merged)
-            stats.update(table.result())
-        return stats
+        return layers_result(self.memories, self.memory_blocks, self.memory.values.device, self.cfg.share_memory)
