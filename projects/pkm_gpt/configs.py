@@ -2,7 +2,7 @@
 
 Every GPT size (Languini paper, Table 4) carries the LRAM paper's PKM (8 heads, N = 2^16 values of the
 model width, key dimension 64, knn 32); "<size>_xlm" carries XLM's defaults (4 heads, k_dim 256, knn 32,
-N = 512^2) instead; "<size>_memory_plus" (and "cpu_memory_plus") is Memory+ (Berges et al. 2024, "Memory Layers at
+N = 512^2) instead; "<size>_memory_plus" (and "memory_plus_cpu") is Memory+ (Berges et al. 2024, "Memory Layers at
 Scale") with the defaults of Meta's code: three memory layers reading one shared table of N = 1024^2 values, 4 heads,
 k_dim 512, knn 32, the SiLU gate, no query normalisation, Meta's initialisation and a fixed value learning rate of
 1e-3 (README.md: what is aligned and what departs).
@@ -93,8 +93,9 @@ SIZES = {
        for name, cfg in _GPT_SIZES.items()},
     # Sized for a smoke test on 2 CPU cores with the embedded default corpus; not a paper config.
     "cpu": _CPU,
-    # The cpu config's small memory with Memory+'s recipe, both blocks reading the table (no MLP is left).
-    "cpu_memory_plus": replace(_CPU, **_MEMORY_PLUS_RECIPE, memory_layers=MEMORY_PLUS_LAYERS[_CPU.n_layers]),
+    # The cpu config's small memory with Memory+'s recipe, both blocks reading the table (no MLP is left); named
+    # *_cpu, so that a machine without a GPU takes it as CPU-sized (languini.plan.cpu_sized).
+    "memory_plus_cpu": replace(_CPU, **_MEMORY_PLUS_RECIPE, memory_layers=MEMORY_PLUS_LAYERS[_CPU.n_layers]),
 }
 
 # The GPT baseline's best model size and batch per compute class (Languini paper, Table 6), so that the

@@ -39,7 +39,7 @@ def test_every_other_config_keeps_its_numerics():
     for name, cfg in configs.SIZES.items():
         if not name.endswith("_memory_plus"):
             assert (cfg.memory_init, cfg.value_lr, cfg.memory_sigmoid_gate) == ("xlm", None, False), name
-    cpu = configs.get("cpu_memory_plus")
+    cpu = configs.get("memory_plus_cpu")
     assert (cpu.pkm_heads, cpu.pkm_k_dim, cpu.pkm_n_keys, cpu.pkm_knn) == (4, 32, 32, 8)  # the cpu config's memory
     assert cpu.memory_layers == "0,1" and cpu.share_memory and cpu.memory_init == "meta"
 
@@ -125,8 +125,8 @@ def test_sigmoid_gate_flops_and_parameters():
     assert gated.extra_flops(16) - plain.extra_flops(16) == 2 * 16 * 24  # the output times its scalar
 
 
-def test_cpu_memory_plus_trains():
-    model = Model(configs.get("cpu_memory_plus", vocab_size=50, seq_len=16))
+def test_memory_plus_cpu_trains():
+    model = Model(configs.get("memory_plus_cpu", vocab_size=50, seq_len=16))
     optimizers, _ = build_optimizers(model, 3e-3, torch.device("cpu"))
     x = torch.randint(50, (4, 16))
     losses = []
