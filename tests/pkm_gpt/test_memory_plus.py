@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from languini.plan import cpu_sized
 from languini.trainer import build_optimizers
 from projects.pkm_gpt import configs
 from projects.pkm_gpt.model import Model
@@ -37,11 +38,12 @@ def test_memory_plus_configs_carry_metas_defaults(size, n_layers, layers):
 def test_every_other_config_keeps_its_numerics():
     # the new fields' defaults are the model as it was: XLM's sub-keys, the GPT's maps, value_lr_multiplier, no gate
     for name, cfg in configs.SIZES.items():
-        if not name.endswith("_memory_plus"):
+        if "memory_plus" not in name:
             assert (cfg.memory_init, cfg.value_lr, cfg.memory_sigmoid_gate) == ("xlm", None, False), name
     cpu = configs.get("memory_plus_cpu")
     assert (cpu.pkm_heads, cpu.pkm_k_dim, cpu.pkm_n_keys, cpu.pkm_knn) == (4, 32, 32, 8)  # the cpu config's memory
     assert cpu.memory_layers == "0,1" and cpu.share_memory and cpu.memory_init == "meta"
+    assert cpu_sized("memory_plus_cpu")  # without a GPU, its own CPU path (a throughput row timed on this CPU)
 
 
 def test_meta_init_measured_against_its_formulas():
