@@ -1,9 +1,9 @@
 """The Triton ops of the core, those several projects read (product_keys/: pkm_gpt and peer_gpt); kernel_scenarios()
 launches their kernels as the projects' models do, and kernel_cost_spec() tells scripts/kernel_cost.py what a launch
 costs per lookup (scripts/compile_kernels.py and scripts/kernel_cost.py treat the core as one more project,
-"languini"; their tables here: compiled_kernels.csv and kernel_cost.csv, Triton 3.9, 2026-11-29, made with
-`python scripts/compile_kernels.py --project languini --csv ...` and `python scripts/kernel_cost.py --project
-languini --csv ...` on the 2-core CPU, no GPU needed)."""
+"languini"; their tables here, Triton 3.9, 2026-11-29, no GPU needed: compiled_kernels.csv, the languini rows of
+`python scripts/compile_kernels.py --project languini --project pkm_gpt --project peer_gpt --csv ...`, and
+kernel_cost.csv from `python scripts/kernel_cost.py --project languini --csv ...`)."""
 
 # The searches the projects launch: (what, k_dim, n_keys, knn). pkm_gpt: the LRAM paper's PKM (XLM's k_dim 256 and
 # n_keys 512 take a minute to record and compile, too long for CI); peer_gpt: its parameter-matched PEER.
