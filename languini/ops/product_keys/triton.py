@@ -208,8 +208,8 @@ def _search_op(queries: torch.Tensor, sub_keys: torch.Tensor, knn: int) -> tuple
                                     device=queries.device)
         scratch_key = torch.empty(scratch_score.shape, dtype=torch.int32, device=queries.device)
         pair_i, pair_j = _pair_tables(knn, queries.device)
-        product_key_search_fwd_kernel[(blocks, heads)](queries, sub_keys, scores, index, scratch_score, scratch_key, pair_i,
-                                               pair_j, n_rows, heads, num_warps=WARPS, **meta)
+        product_key_search_fwd_kernel[(blocks, heads)](queries, sub_keys, scores, index, scratch_score, scratch_key,
+                                                       pair_i, pair_j, n_rows, heads, num_warps=WARPS, **meta)
     return scores, index
 
 
