@@ -78,6 +78,16 @@ def gather_rows(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 GATES = ("none", "silu")
 
 
+def table_optimizer_groups(model: nn.Module, tables: list, lr: float, table_lr: float, sparse: bool) -> list[dict]:
+    """Two optimiser groups: every parameter of the model but the memory tables at lr, the tables at table_lr,
+    marked "sparse" when their gradients are row-sparse (the trainer gives that group a lazy SparseAdam)."""
+    ids = {id(p) for p in tables}
+    table_group = {"params": list(tables), "lr": table_lr}
+    if sparse:
+        table_group["sparse"] = True
+    return [{"params": [p for p in model.parameters() if id(p) not in ids], "lr": lr}, table_group]
+
+
 def memory_layer_indices(memory_layers: str | None, n_layers: int) -> list[int]:
     """The blocks (from 0) a memory replaces the MLP of: memory_layers as "2,4" (rising after sorting, each
     once), or by default the last block of the first two thirds, (2 * n_layers - 1) // 3 (the LRAM paper's 4th

@@ -57,3 +57,21 @@ class MemoryStats:
                                                                      device=held.device)).item()) + 1
             result[f"rows_for_{round(share * 100)}"] = rows / n
         return result
+
+
+def layers_result(layers, blocks, device: torch.device, shared_table: bool = False) -> dict:
+    """MemoryStats.result() of the reads the memory layers recorded in their `stats` since those were set, over all
+    processes (every process must call it): one layer's at the top; several layers' each under "layers"
+    ("block_<i>", i from `blocks`), and with shared_table (all read one table) the table's, all their reads, at the
+    top."""
+    if any(layer.stats is None for layer in layers):
+        raise ValueError("memory_stats() needs reset_memory_stats() and a forward pass first.")
+    merged = [layer.stats.all_processes(device) for layer in layers]
+    if len(merged) == 1:
+        return merged[0].result()
+    stats = {"layers": {f"block_{i}": s.result() for i, s in zip(blocks, merged)}}
+    if shared_table:
+        table = MemoryStats(merged[0].memory_size)
+        table.weight = sum(s.weight for s in merged)
+        stats.update(table.result())
+    return stats

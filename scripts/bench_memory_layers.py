@@ -1,13 +1,17 @@
 """Speed of the memory layers against the MLP they replace: Figure 3 and Table 4 of Goucher & Troll (LRAM).
 
-Times three layers on random tokens x [1, tokens, w]:
+Times these layers on random tokens x [1, tokens, w]:
 - dense MLP: w -> 4w -> w with GELU;
 - LRAM: projects.lram_gpt LRAMBlock (memory sub-network of section 3.1, value_dim 64, top-32), memory_size
   chosen to hit each total-parameter target;
 - PKM: projects.pkm_gpt ProductKeyMemory as in the LRAM paper (8 heads, k_dim 64, knn 32, v_dim = w),
   n_keys chosen to hit each target; on a GPU with its fastest product-key search (the Triton kernels of
-  projects/pkm_gpt/ops/product_keys), so that LRAM is compared with the best PKM this project can make;
-  --pkm_search torch times the old path (torch.topk) instead (the command line in the CSV says which).
+  languini/ops/product_keys), so that LRAM is compared with the best PKM this project can make;
+  --pkm_search torch times the old path (torch.topk) instead (the command line in the CSV says which);
+- PEER: projects.peer_gpt PEER as in its paper's isoFLOP study (He 2024, section 3.1: 8 heads, 16 experts per head,
+  query width 128), n_keys (n_keys^2 experts of 2 w parameters) chosen to hit each target; the same product-key
+  search (--pkm_search applies to it too) and its expert kernels. Its tables have no value-gradient variants (no
+  reverse-index column); its sparse step makes both expert tables row-sparse.
 A memory size is used for a target when the layer's total parameter count is within half an octave
 (a factor sqrt(2)) of it; targets a width cannot reach are listed after the table.
 
@@ -65,6 +69,7 @@ from languini.hardware import device_spec
 from languini.trainer import precision_for
 from projects.lram_gpt.memory import LRAMBlock, theta
 from projects.lram_gpt.ops.lookup.naive import interpolate, torus_query
+from projects.peer_gpt.peer import PAPER_PEER, PEER
 from projects.pkm_gpt.pkm import LRAM_PAPER_PKM, ProductKeyMemory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -85,11 +90,20 @@ L2_FLUSH_BYTES = 256 * 2**20  # more than any GPU's L2 (H100: 50 MiB), written b
 
 @dataclass(frozen=True)
 class Layer:
-    """How to build one layer kind; sizes (ascending) are the memory sizes it may use, empty for the MLP."""
+    """How to build one layer kind; sizes (ascending) are the memory sizes it may use, empty for the MLP.
+
+    A memory layer's build(width, size, use_triton, triton_search=None, sparse_values=False, **options) returns
+    the layer on the default device: use_triton for its kernels, triton_search (product-key layers) for the search
+    alone, sparse_values for row-sparse gradients of its tables (`tables(layer)`, stepped by SparseAdam), and
+    value_grad ("atomic" or "segment") where value_grads says it has both reductions.
+    """
     name: str
-    build: Callable[..., nn.Module]  # build(width, size, **options); memory layers take their constructor's options
+    build: Callable[..., nn.Module]
     sizes: Sequence[int] = ()
     size_label: Callable[[int], str] = str
+    value_grads: bool = False  # the atomic and the reverse-index ("segment") value gradient (Triton kernels)
+    product_key_search: bool = False  # searches product keys: --pkm_search picks its path
+    tables: Callable[[nn.Module], list] = lambda layer: layer.value_parameters()  # the row-sparse ones
 
     @property
     def is_memory(self) -> bool:
@@ -111,24 +125,37 @@ def pkm(width, n_keys, use_triton=None, triton_search=None, **options):
     return layer
 
 
+def peer(width, n_keys, use_triton=None, triton_search=None, sparse_values=False):
+    return PEER(width, heads=PAPER_PEER.heads, k_dim=PAPER_PEER.k_dim, n_keys=n_keys, knn=PAPER_PEER.knn,
+                use_triton=use_triton, sparse_experts=sparse_values, triton_search=triton_search)
+
+
+# One entry per layer kind; a new memory layer (UltraMemV2's, say) is one more entry: its build function as above,
+# its sizes (ascending, the parameter count rising with them) and label, and which of the options it has.
 LAYERS = {
     "dense": Layer("dense MLP", dense_mlp),
     "lram": Layer("LRAM", lram, sizes=tuple(2**e for e in range(8, 41)),
-                  size_label=lambda n: f"N=2^{n.bit_length() - 1}"),
-    "pkm": Layer("PKM", pkm, sizes=range(32, 2**17), size_label=lambda n: f"n_keys={n}"),
+                  size_label=lambda n: f"N=2^{n.bit_length() - 1}", value_grads=True),
+    "pkm": Layer("PKM", pkm, sizes=range(32, 2**17), size_label=lambda n: f"n_keys={n}", value_grads=True,
+                 product_key_search=True),
+    "peer": Layer("PEER", peer, sizes=range(PAPER_PEER.knn, 2**15), size_label=lambda n: f"n_keys={n}",
+                  product_key_search=True, tables=lambda layer: layer.expert_parameters()),
 }
 
 
 def make(layer_key: str, width: int, size: int | None, use_triton: bool | None = False, pkm_search: str = "auto",
          **options) -> nn.Module:
-    """The layer on the current default device; memory layers get the atomic value gradient unless told otherwise.
-    pkm_search: "auto" (the Triton search with the Triton kernels), "triton" or "torch" (torch.topk)."""
+    """The layer on the current default device; memory layers with both value gradients get the atomic one unless
+    told otherwise. pkm_search: "auto" (the Triton search with the Triton kernels), "triton" or "torch"
+    (torch.topk), for the layers that search product keys."""
     layer = LAYERS[layer_key]
     if not layer.is_memory:
         return layer.build(width, size)
-    if layer_key == "pkm" and pkm_search != "auto":
+    if layer.product_key_search and pkm_search != "auto":
         options["triton_search"] = pkm_search == "triton"
-    return layer.build(width, size, use_triton=use_triton, **(dict(value_grad="atomic") | options))
+    if layer.value_grads:
+        options = dict(value_grad="atomic") | options
+    return layer.build(width, size, use_triton=use_triton, **options)
 
 
 def memory_label(layer_key: str, size: int | None) -> str:
@@ -266,7 +293,7 @@ def measure(layer_key: str, width: int, size: int | None, target: int | None, be
         m.step_adam = median_per_token([sum(r) for r in runs], bench)
         del module, adam
         release(bench.device)
-        if layer.is_memory and bench.use_triton is not False:
+        if layer.value_grads and bench.use_triton is not False:
             stage = "reverse-index backward"
             module = make(layer_key, width, size, bench.use_triton, bench.pkm_search,
                           value_grad="segment").to(bench.device)
@@ -278,10 +305,10 @@ def measure(layer_key: str, width: int, size: int | None, target: int | None, be
             stage = "step with SparseAdam"
             module = make(layer_key, width, size, bench.use_triton, bench.pkm_search,
                           sparse_values=True).to(bench.device)
-            values = {id(p) for p in module.value_parameters()}
-            optimizers = [torch.optim.Adam([p for p in module.parameters() if id(p) not in values],
+            tables = layer.tables(module)
+            optimizers = [torch.optim.Adam([p for p in module.parameters() if all(p is not t for t in tables)],
                                            lr=LEARNING_RATE, fused=bench.device.type == "cuda"),
-                          torch.optim.SparseAdam(module.value_parameters(), lr=LEARNING_RATE)]
+                          torch.optim.SparseAdam(tables, lr=LEARNING_RATE)]
             runs = time_phases(training_run(module, x, grad, optimizers, bench), bench, [x])
             m.sparse_adam = median_per_token([r[1] for r in runs], bench)
             m.step_sparse = median_per_token([sum(r) for r in runs], bench)
@@ -452,7 +479,8 @@ def main(argv=None):
     parser.add_argument("--widths", type=parse_widths, default=parse_widths(DEFAULT_WIDTHS))
     parser.add_argument("--params", type=parse_params, default=parse_params(DEFAULT_PARAMS),
                         help="total-parameter targets of the memory layers, e.g. 2^20..2^28 or 2^20,2^24")
-    parser.add_argument("--layers", type=parse_layers, default=list(LAYERS), help="comma-separated: dense,lram,pkm")
+    parser.add_argument("--layers", type=parse_layers, default=list(LAYERS),
+                        help=f"comma-separated, of {','.join(LAYERS)} (default: all)")
     parser.add_argument("--repeats", type=int, default=PAPER_REPEATS, help="timed runs per measurement (median)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs first (at least 1: the first "
                                                               "optimiser step allocates its state)")
@@ -462,8 +490,8 @@ def main(argv=None):
     parser.add_argument("--hbm_gbps", type=float, default=None,
                         help="HBM bandwidth in GB/s for a GPU missing from the spec table")
     parser.add_argument("--pkm_search", choices=["triton", "torch"], default=None,
-                        help="PKM's product-key search: the Triton kernels (default on a GPU) or torch.topk (the "
-                             "old path, slower; on CPU the default)")
+                        help="PKM's and PEER's product-key search: the Triton kernels (default on a GPU) or "
+                             "torch.topk (the old path, slower; on CPU the default)")
     parser.add_argument("--out", type=Path, default=Path("bench_results"))
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.warmup < 1 or args.tokens < 1:

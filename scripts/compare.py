@@ -52,13 +52,16 @@ from languini.flags import Parser  # noqa: E402
 from languini.stop import EXIT_UNFINISHED  # noqa: E402
 
 PROJECTS = ROOT / "projects"
-# The language models (projects with a train.py), and the two variants of the default grid: the Hebbian Softmax
-# on the GPT, and one LRAM memory shared by two blocks (Meta's recipe; the cpu config has 2 blocks, small 12)
+# The language models (projects with a train.py), and the variants of the default grid: the Hebbian Softmax on the
+# GPT, one LRAM memory shared by two blocks (Meta's recipe; the cpu config has 2 blocks, small 12), and Memory+ (pkm_gpt
+# with the defaults of Meta's code: its configs memory_plus_cpu and small_memory_plus)
 LANGUAGE_MODELS = sorted(p.parent.name for p in PROJECTS.glob("*/train.py"))
 CPU_VARIANTS = ("gpt+hebbian=gpt --hebbian_softmax true",
-                "lram_gpt+shared=lram_gpt --memory_layers 0,1 --share_memory true")
+                "lram_gpt+shared=lram_gpt --memory_layers 0,1 --share_memory true",
+                "pkm_gpt+memory_plus=pkm_gpt --config memory_plus_cpu")
 GPU_VARIANTS = ("gpt+hebbian=gpt --hebbian_softmax true",
-                "lram_gpt+shared=lram_gpt --memory_layers 2,4 --share_memory true")
+                "lram_gpt+shared=lram_gpt --memory_layers 2,4 --share_memory true",
+                "pkm_gpt+memory_plus=pkm_gpt --config small_memory_plus")
 CPU_CLASSES = ("40s", "2m", "6m")  # the committed CPU table: ~2.5 hours of a 2-core machine (plans.csv)
 GPU_CLASSES = ("30s", "90s")  # of the reference RTX 3090: ~7 and ~21 s of an H200 (scripts/gpu_session.sh compare)
 SPLITS = ("test", "ood_holmes", "ood_oz", "ood_french")

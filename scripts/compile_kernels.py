@@ -7,7 +7,8 @@ value-gradient variant) and records each distinct launch: the argument types and
 constants. It then compiles those launches for the chosen architectures down to a cubin (Triton ships
 ptxas; no GPU or driver is needed) and prints a table of registers, spilled bytes and shared memory.
 Each project owns its scenarios: kernel_scenarios() in projects/<p>/ops/__init__.py, for every project with
-an ops/<op>/triton.py.
+an ops/<op>/triton.py; the core's ops (languini/ops/<op>/triton.py, those several projects read) are compiled as
+one more project named "languini", its scenarios in languini/ops/__init__.py.
 
     python scripts/compile_kernels.py                       # all projects, sm_90 (H100/H200) and sm_80 (A100)
     python scripts/compile_kernels.py --project lram_gpt --arch 90 --csv compiled.csv
@@ -32,8 +33,10 @@ from languini.flags import Parser
 ROOT = Path(__file__).resolve().parents[1]
 # a Triton kernel: a jit function (perhaps under further decorators) whose name ends in _kernel
 KERNEL_DEFINITION = re.compile(r"^@triton\.jit[^\n]*\n(?:@[^\n]*\n)*def (\w+_kernel)\(", re.MULTILINE)
-# the projects with Triton kernels: projects/<p>/ops/<op>/triton.py
-PROJECTS = tuple(sorted({path.parents[2].name for path in ROOT.glob("projects/*/ops/*/triton.py")}))
+CORE = "languini"  # the core's kernels (languini/ops/<op>/triton.py), compiled as one more project
+# the projects with Triton kernels: projects/<p>/ops/<op>/triton.py, and the core when it has any
+PROJECTS = ((CORE,) if any(ROOT.glob("languini/ops/*/triton.py")) else ()) + tuple(
+    sorted({path.parents[2].name for path in ROOT.glob("projects/*/ops/*/triton.py")}))
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")  # a launch's compile options, not arguments
 DTYPE_NAMES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16",
                "torch.int64": "i64", "torch.int32": "i32", "torch.int16": "i16", "torch.int8": "i8",
@@ -43,22 +46,33 @@ DTYPE_NAMES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16
 # ---------------------------------------------------------------- recording (under the interpreter)
 
 
+def ops_folder(project):
+    """The folder of a project's ops: projects/<project>/ops, or languini/ops for the core."""
+    return ROOT / "languini" / "ops" if project == CORE else ROOT / "projects" / project / "ops"
+
+
+def ops_package(project):
+    """The package of a project's ops (its kernel_scenarios() and kernel_cost_spec())."""
+    return "languini.ops" if project == CORE else f"projects.{project}.ops"
+
+
 def project_kernels(project):
-    """The names of the Triton kernels (jit functions named *_kernel) defined in projects/<project>/ops/*/."""
+    """The names of the Triton kernels (jit functions named *_kernel) defined in the project's ops/*/."""
     names = set()
-    for source in sorted((ROOT / "projects" / project / "ops").glob("*/*.py")):
+    for source in sorted(ops_folder(project).glob("*/*.py")):
         names |= set(KERNEL_DEFINITION.findall(source.read_text()))
     return names
 
 
 def _scenarios(project):
     """Yield (description, callable) pairs that launch the project's kernels as its model does: the project's
-    own kernel_scenarios() in projects/<project>/ops/__init__.py."""
+    own kernel_scenarios() in its ops/__init__.py."""
     import importlib
 
-    ops = importlib.import_module(f"projects.{project}.ops")
+    ops = importlib.import_module(ops_package(project))
     if not hasattr(ops, "kernel_scenarios"):
-        raise SystemExit(f"projects/{project}/ops/__init__.py defines kernels but no kernel_scenarios(); add one "
+        raise SystemExit(f"{ops_folder(project).relative_to(ROOT)}/__init__.py defines kernels but no "
+                         "kernel_scenarios(); add one "
                          "that launches each kernel as the model does (see projects/qlstm/ops/__init__.py)")
     yield from ops.kernel_scenarios()
 

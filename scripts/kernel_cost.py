@@ -170,11 +170,11 @@ class LookupSpec:
 
 
 def lookup_spec(project: str, kernel: str, constants: dict, pointers: dict) -> LookupSpec | None:
-    """The spec of a launch from the project's kernel_cost_spec() in projects/<project>/ops/__init__.py (None
-    where the project has none or it does not know the kernel)."""
+    """The spec of a launch from the project's kernel_cost_spec() in its ops/__init__.py (None where the project
+    has none or it does not know the kernel)."""
     import importlib
 
-    cost_spec = getattr(importlib.import_module(f"projects.{project}.ops"), "kernel_cost_spec", None)
+    cost_spec = getattr(importlib.import_module(compile_kernels.ops_package(project)), "kernel_cost_spec", None)
     return cost_spec(kernel, constants, pointers, LookupSpec) if cost_spec else None
 
 

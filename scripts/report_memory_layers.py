@@ -1,9 +1,10 @@
-"""Tables, facts and a plot from the CSVs of scripts/bench_memory_layers.py (LRAM, PKM and the dense MLP).
+"""Tables, facts and a plot from the CSVs of scripts/bench_memory_layers.py (LRAM, PKM, PEER and the dense MLP).
 
 For each CSV it prints the run's header (device, precision, versions, command), the table of every measured
 layer, Table 4's layout (forward time per token by width), notes on the columns, and the facts a reader checks
 the memory-layer goals against (projects/lram_gpt/README.md states the goals; this script judges none):
-- PKM / LRAM time at the --ratios_at parameter targets, per width, forward and forward + backward;
+- PKM / LRAM and PEER / LRAM time at the --ratios_at parameter targets, per width, forward and forward + backward,
+  and each of the three memory layers against the dense MLP of its width;
 - LRAM's slowest / fastest forward over the sizes whose target lies in --flat_range, per width;
 - the share of the spec HBM bandwidth that LRAM's lookup reaches on the value rows it reads, at the largest
   memory of each width (rows of smaller tables may come from L2);
@@ -32,6 +33,12 @@ PAPER_REPEATS = 15  # Figure 3: "the median of 15 successive runs"
 # statement (projects/lram_gpt/README.md). Where the goals draw their lines is for the reader, not for this script.
 DEFAULT_RATIOS_AT = "2^24,2^28"
 DEFAULT_FLAT_RANGE = "2^16..2^28"
+# The memory layers timed against LRAM at the --ratios_at targets (each layer's name in the CSV); a layer added to the
+# benchmark's LAYERS gets its facts by its name here and a line style in PLOT_STYLES.
+AGAINST_LRAM = ("PKM", "PEER")
+PLOT_STYLES = {"dense MLP": dict(marker="*", markersize=10, linestyle="none"),
+               "LRAM": dict(marker="o", linestyle="-"), "PKM": dict(marker="s", linestyle="--"),
+               "PEER": dict(marker="^", linestyle=":")}
 
 # ---------------------------------------------------------------- the CSV
 
@@ -219,21 +226,29 @@ def facts(results: list[Measurement], hbm_gbps: float | None, ratios_at=(2**24, 
     def at_target(layer, width, target, attribute):
         return [m for m in measured(layer, width, attribute) if m.target == target]
 
-    widths = sorted({m.width for m in results})
-    lines = []
-    for target in ratios_at:
+    def ratio_line(layer, reference, target):
+        """layer / reference time at the target, forward and forward + backward, per width (the dense MLP has
+        one size per width, whatever the target)."""
         parts = []
         for width in widths:
             shown = []
             for attribute, name in (("fwd", "forward"), ("fwd_bwd", "forward + backward")):
-                pkm, lram = (at_target(layer, width, target, attribute) for layer in ("PKM", "LRAM"))
-                if pkm and lram:
-                    pkm_time, lram_time = getattr(pkm[0], attribute), getattr(lram[0], attribute)
-                    shown.append(f"{name} {pkm_time / lram_time:.2f} ({format_time(pkm_time)} vs "
-                                 f"{format_time(lram_time)} µs)")
+                ours = at_target(layer, width, target, attribute)
+                theirs = (measured(reference, width, attribute) if reference == "dense MLP"
+                          else at_target(reference, width, target, attribute))
+                if ours and theirs:
+                    our_time, their_time = getattr(ours[0], attribute), getattr(theirs[0], attribute)
+                    shown.append(f"{name} {our_time / their_time:.2f} ({format_time(our_time)} vs "
+                                 f"{format_time(their_time)} µs)")
             if shown:
                 parts.append(f"w={width}: " + ", ".join(shown))
-        lines.append(f"- PKM / LRAM time at {format_params(target)} parameters: " + ("; ".join(parts) or "-"))
+        return f"- {layer} / {reference} time at {format_params(target)} parameters: " + ("; ".join(parts) or "-")
+
+    widths = sorted({m.width for m in results})
+    lines = []
+    for target in ratios_at:
+        lines += [ratio_line(layer, "LRAM", target) for layer in AGAINST_LRAM]
+        lines += [ratio_line(layer, "dense MLP", target) for layer in ("LRAM", *AGAINST_LRAM)]
 
     parts = []
     for width in widths:
@@ -309,8 +324,7 @@ def plot(path, results, title):
 
     widths = sorted({m.width for m in results})
     colours = {w: plt.cm.viridis(i / max(len(widths) - 1, 1)) for i, w in enumerate(widths)}
-    styles = {"dense MLP": dict(marker="*", markersize=10, linestyle="none"),
-              "LRAM": dict(marker="o", linestyle="-"), "PKM": dict(marker="s", linestyle="--")}
+    styles = PLOT_STYLES
     figure, axes = plt.subplots(1, 2, figsize=(14, 5.5))
     for axis, attribute, name in zip(axes, ("fwd", "fwd_bwd"), ("forward", "forward + backward")):
         for layer, style in styles.items():
@@ -389,7 +403,7 @@ def main(argv=None):
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("csvs", nargs="+", type=Path, help="CSVs written by scripts/bench_memory_layers.py")
     parser.add_argument("--ratios_at", type=parse_params, default=parse_params(DEFAULT_RATIOS_AT),
-                        help="parameter targets at which to print PKM / LRAM")
+                        help="parameter targets at which to print PKM / LRAM, PEER / LRAM and each / dense MLP")
     parser.add_argument("--flat_range", type=parse_range, default=parse_range(DEFAULT_FLAT_RANGE),
                         help="targets over which to print LRAM's slowest / fastest forward")
     parser.add_argument("--out", type=Path, default=Path("bench_results"), help="where the .txt and .png go")

@@ -11,8 +11,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from languini.memory_layers import memory_layer_indices
-from languini.memory_stats import MemoryStats
+from languini.memory_layers import memory_layer_indices, table_optimizer_groups
+from languini.memory_stats import MemoryStats, layers_result
 from projects.peer_gpt.configs import ModelConfig
 from projects.peer_gpt.peer import PEER, peer_flops
 
@@ -128,12 +128,7 @@ class Model(nn.Module):
         """The expert tables at expert_lr_multiplier x lr, everything else at lr; with sparse_experts the expert
         group is marked "sparse" for a lazy optimiser (torch.optim.SparseAdam: only rows read are updated)."""
         experts = [p for layer in self.memories for p in layer.expert_parameters()]
-        expert_ids = {id(p) for p in experts}
-        rest = [p for p in self.parameters() if id(p) not in expert_ids]
-        expert_group = {"params": experts, "lr": lr * self.cfg.expert_lr_multiplier}
-        if self.cfg.sparse_experts:
-            expert_group["sparse"] = True
-        return [{"params": rest, "lr": lr}, expert_group]
+        return table_optimizer_groups(self, experts, lr, lr * self.cfg.expert_lr_multiplier, self.cfg.sparse_experts)
 
     def extra_flops(self, seq_len: int) -> int:
         """Forward FLOPs at batch 1 that DeepSpeed's profiler misses, per PEER layer: the candidate-score sums and
@@ -154,10 +149,4 @@ class Model(nn.Module):
         their router scores (the paper's expert usage and unevenness, section 3.3 and Table 2, are its
         memory_usage and kl_from_uniform); when running distributed, over all processes, so every process must
         call it. With several PEER layers, each layer's under "layers" ("block_<i>")."""
-        if any(m.stats is None for m in self.memories):
-            raise ValueError("memory_stats() needs reset_memory_stats() and a forward pass first.")
-        device = self.memory.down.device
-        merged = [m.stats.all_processes(device) for m in self.memories]
-        if len(merged) == 1:
-            return merged[0].result()
-        return {"layers": {f"block_{i}": s.result() for i, s in zip(self.memory_blocks, merged)}}
+        return layers_result(self.memories, self.memory_blocks, self.memory.down.device)

@@ -2,13 +2,16 @@
 
 Every GPT size (Languini paper, Table 4) carries the LRAM paper's PKM (8 heads, N = 2^16 values of the
 model width, key dimension 64, knn 32); "<size>_xlm" carries XLM's defaults (4 heads, k_dim 256, knn 32,
-N = 512^2) instead.
+N = 512^2) instead; "<size>_memory_plus" (and "memory_plus_cpu") is Memory+ (Berges et al. 2024, "Memory Layers at
+Scale") with the defaults of Meta's code: three memory layers reading one shared table of N = 1024^2 values, 4 heads,
+k_dim 512, knn 32, the SiLU gate, no query normalisation, Meta's initialisation and a fixed value learning rate of
+1e-3 (README.md: what is aligned and what departs).
 """
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from languini.flags import arg
-from projects.pkm_gpt.pkm import LRAM_PAPER_PKM, XLM_PKM
+from projects.pkm_gpt.pkm import LRAM_PAPER_PKM, MEMORY_INITS, MEMORY_PLUS_PKM, XLM_PKM
 
 
 @dataclass
@@ -40,6 +43,15 @@ class ModelConfig:
     memory_value_grad: str = arg(LRAM_PAPER_PKM.value_grad, "the Triton value-gradient reduction",
                                  choices=("atomic", "segment"))
     value_lr_multiplier: float = arg(10.0, "the value table's learning rate over the rest's (LRAM paper: 10x)")
+    value_lr: float | None = arg(None, "a fixed peak learning rate of the value table, following the schedule as the "
+                                       "rest (Memory+: 1e-3); none: value_lr_multiplier x the model's")
+    memory_init: str = arg("xlm", "xlm: sub-keys uniform with bound 1/sqrt(pkm_k_dim / 2) (XLM), the query, gate "
+                                  "and output maps as the GPT's linear maps (std 0.02, the output 0.02 / "
+                                  "sqrt(2 n_layers)); meta: as Meta's memory layer code (Memory+): sub-keys bound "
+                                  "1/sqrt(pkm_k_dim), query Xavier-uniform, gate and output std d_model^-0.5",
+                           choices=MEMORY_INITS)
+    memory_sigmoid_gate: bool = arg(False, "the memory's output times sigmoid(w . x + b), one scalar per token "
+                                           "(Meta's optional gated memory, off in its Memory+ configs)")
     sparse_values: bool = arg(False, "the value gradient as sparse rows read, for a lazy (SparseAdam) optimiser "
                                      "group")
     memory_shards: int = arg(1, "under torchrun, each value table split by columns over groups of this many "
@@ -61,12 +73,29 @@ _GPT_SIZES = {
     "XL": ModelConfig(d_model=2048, n_layers=24, n_heads=24, d_head=128),
 }
 
+# Memory+ as Meta's code runs it (its ProductKeyArgs defaults and apps/main/configs/pkplus_373m_1024k.yaml):
+# what does not depend on the memory's size.
+_MEMORY_PLUS_RECIPE = dict(share_memory=True, memory_gate="silu", memory_query_norm=MEMORY_PLUS_PKM.query_norm,
+                           memory_init="meta", value_lr=1e-3)
+_MEMORY_PLUS = dict(_MEMORY_PLUS_RECIPE, pkm_heads=MEMORY_PLUS_PKM.heads, pkm_k_dim=MEMORY_PLUS_PKM.k_dim,
+                    pkm_n_keys=MEMORY_PLUS_PKM.n_keys, pkm_knn=MEMORY_PLUS_PKM.knn)
+# Meta's 24-block config puts its three memory layers in blocks 4, 12 and 20 (every 8th from the 4th); 12 blocks the
+# same spacing, 4 blocks two (our choice: the paper names no placement for so few blocks).
+MEMORY_PLUS_LAYERS = {24: "4,12,20", 12: "2,6,10", 4: "1,3", 2: "0,1"}
+
+_CPU = ModelConfig(vocab_size=2048, seq_len=128, d_model=128, n_layers=2, n_heads=4, d_head=32,
+                   pkm_heads=4, pkm_k_dim=32, pkm_n_keys=32, pkm_knn=8)
+
 SIZES = {
     **_GPT_SIZES,
     **{f"{name}_xlm": replace(cfg, **_XLM) for name, cfg in _GPT_SIZES.items()},
+    **{f"{name}_memory_plus": replace(cfg, **_MEMORY_PLUS, memory_layers=MEMORY_PLUS_LAYERS[cfg.n_layers])
+       for name, cfg in _GPT_SIZES.items()},
     # Sized for a smoke test on 2 CPU cores with the embedded default corpus; not a paper config.
-    "cpu": ModelConfig(vocab_size=2048, seq_len=128, d_model=128, n_layers=2, n_heads=4, d_head=32,
-                       pkm_heads=4, pkm_k_dim=32, pkm_n_keys=32, pkm_knn=8),
+    "cpu": _CPU,
+    # The cpu config's small memory with Memory+'s recipe, both blocks reading the table (no MLP is left); named
+    # *_cpu, so that a machine without a GPU takes it as CPU-sized (languini.plan.cpu_sized).
+    "memory_plus_cpu": replace(_CPU, **_MEMORY_PLUS_RECIPE, memory_layers=MEMORY_PLUS_LAYERS[_CPU.n_layers]),
 }
 
 # The GPT baseline's best model size and batch per compute class (Languini paper, Table 6), so that the

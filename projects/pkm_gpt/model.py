@@ -15,8 +15,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from languini import model_parallel
-from languini.memory_layers import memory_layer_indices
-from languini.memory_stats import MemoryStats
+from languini.memory_layers import memory_layer_indices, table_optimizer_groups
+from languini.memory_stats import MemoryStats, layers_result
 from projects.pkm_gpt.configs import ModelConfig
 from projects.pkm_gpt.pkm import ProductKeyMemory, pkm_flops
 
@@ -74,7 +74,8 @@ def product_key_memory(cfg: ModelConfig, values: nn.Parameter | None = None) -> 
     return ProductKeyMemory(cfg.d_model, heads=cfg.pkm_heads, k_dim=cfg.pkm_k_dim, n_keys=cfg.pkm_n_keys,
                             knn=cfg.pkm_knn, query_norm=cfg.memory_query_norm, value_grad=cfg.memory_value_grad,
                             sparse_values=cfg.sparse_values, values=values, gate=cfg.memory_gate,
-                            shards=model_parallel.shard_group(cfg.memory_shards, "--memory_shards"))
+                            shards=model_parallel.shard_group(cfg.memory_shards, "--memory_shards"),
+                            init=cfg.memory_init, sigmoid_gate=cfg.memory_sigmoid_gate)
 
 
 class Model(nn.Module):
@@ -103,7 +104,7 @@ class Model(nn.Module):
             if residual_write is not None:
                 nn.init.normal_(residual_write.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
         for memory in self.memories:
-            memory.reset_memory_parameters()  # XLM's sub-key and value init, not the GPT's
+            memory.reset_memory_parameters()  # the memory's own init (memory_init), not the GPT's
 
     @staticmethod
     def _init(m):
@@ -138,25 +139,23 @@ class Model(nn.Module):
         return self.head(self.ln_f(h)), None
 
     def optimizer_groups(self, lr: float) -> list[dict]:
-        """The value table at value_lr_multiplier x lr, everything else at lr; with sparse_values the value
-        group is marked "sparse" for a lazy optimiser (torch.optim.SparseAdam: only rows read are updated)."""
-        values = self.value_tables()
-        value_ids = {id(p) for p in values}
-        rest = [p for p in self.parameters() if id(p) not in value_ids]
-        value_group = {"params": values, "lr": lr * self.cfg.value_lr_multiplier}
-        if self.cfg.sparse_values:
-            value_group["sparse"] = True
-        return [{"params": rest, "lr": lr}, value_group]
+        """The value table at value_lr (fixed) or value_lr_multiplier x lr, everything else at lr (the schedule
+        scales both alike); with sparse_values the value group is marked "sparse" for a lazy optimiser
+        (torch.optim.SparseAdam: only rows read are updated)."""
+        value_lr = self.cfg.value_lr if self.cfg.value_lr is not None else lr * self.cfg.value_lr_multiplier
+        return table_optimizer_groups(self, self.value_tables(), lr, value_lr, self.cfg.sparse_values)
 
     def extra_flops(self, seq_len: int) -> int:
         """Forward FLOPs at batch 1 that DeepSpeed's profiler misses, per memory layer: the candidate-score sums
-        and the embedding bag (the query projection and the half-key scores are matmuls it counts), and with the
-        Memory+ gate the product of read and gate (it counts W_g, W_o and the silu)."""
+        and the embedding bag (the query projection and the half-key scores are matmuls it counts), with the
+        Memory+ gate the product of read and gate (it counts W_g, W_o and the silu), and with the sigmoid gate the
+        output times its scalar (it counts the gate's map and the sigmoid)."""
         cfg = self.cfg
         parts = pkm_flops(seq_len, cfg.d_model, heads=cfg.pkm_heads, k_dim=cfg.pkm_k_dim, n_keys=cfg.pkm_n_keys,
                           knn=cfg.pkm_knn)
         per_layer = parts["candidate_sums"] + parts["embedding_bag"]
-        return sum(per_layer + (seq_len * m.v_dim if m.gate is not None else 0) for m in self.memories)
+        return sum(per_layer + (seq_len * m.v_dim if m.gate is not None else 0)
+                   + (seq_len * cfg.d_model if m.sigmoid_gate is not None else 0) for m in self.memories)
 
     def reset_memory_stats(self) -> None:
         """Start recording each memory layer's reads in every forward until the next reset."""
@@ -167,15 +166,4 @@ class Model(nn.Module):
         """languini.memory_stats.MemoryStats.result() of the reads since reset_memory_stats (LRAM paper Table 5);
         when running distributed, over all processes, so every process must call it. With several memory
         layers, each layer's under "layers" ("block_<i>"), and a shared table's (all its layers' reads) at the top."""
-        if any(m.stats is None for m in self.memories):
-            raise ValueError("memory_stats() needs reset_memory_stats() and a forward pass first.")
-        device = self.memory.values.device
-        merged = [m.stats.all_processes(device) for m in self.memories]
-        if len(merged) == 1:
-            return merged[0].result()
-        stats = {"layers": {f"block_{i}": s.result() for i, s in zip(self.memory_blocks, merged)}}
-        if self.cfg.share_memory:
-            table = MemoryStats(self.memory.num_values)
-            table.weight = sum(s.weight for s in merged)
-            stats.update(table.result())
-        return stats
+        return layers_result(self.memories, self.memory_blocks, self.memory.values.device, self.cfg.share_memory)

@@ -17,7 +17,7 @@ from languini import model_parallel
 from languini.memory_layers import check_value_grad, gate_layer, gated, query_norm_layer, sharded_bag
 from languini.memory_stats import MemoryStats
 from projects.pkm_gpt.ops.embedding_bag import embedding_bag
-from projects.pkm_gpt.ops.product_keys import product_key_topk  # noqa: F401  (also this module's API)
+from languini.ops.product_keys import product_key_topk  # noqa: F401  (also this module's API)
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,10 @@ class PKMConfig:
 LRAM_PAPER_PKM = PKMConfig(heads=8, k_dim=64, n_keys=256, knn=32)
 # XLM's defaults: 4 heads, k_dim 256, knn 32, N = 512^2.
 XLM_PKM = PKMConfig(heads=4, k_dim=256, n_keys=512, knn=32)
+# Memory+'s (Berges et al. 2024; the defaults of Meta's memory layer code and its 373M config): 4 heads, k_dim 512,
+# knn 32, N = 1024^2, no query normalisation.
+MEMORY_PLUS_PKM = PKMConfig(heads=4, k_dim=512, n_keys=1024, knn=32, query_norm="none")
+MEMORY_INITS = ("xlm", "meta")
 
 
 class ProductKeyMemory(nn.Module):
@@ -58,19 +62,28 @@ class ProductKeyMemory(nn.Module):
     query_norm and value_grad: see languini.memory_layers. While `stats` holds a MemoryStats, every forward
     records its reads (row indices and softmax weights) there.
 
+    init: the memory's own initialisation (reset_memory_parameters), "xlm" (sub-keys uniform with bound
+    1/sqrt(k_dim / 2), the half's width, as XLM; the maps keep what the model gives them) or "meta" (Meta's memory
+    layer code for Memory+, Berges et al. 2024: sub-keys bound 1/sqrt(k_dim), the query map Xavier-uniform, W_g, W_o
+    and the sigmoid gate N(0, 1/d_model)). sigmoid_gate: the output times sigmoid(w . x + b), one scalar per token
+    (Meta's optional gated memory, off in its Memory+ configs).
+
     use_triton: the kernels (None: when on CUDA) for the bag and the product-key search; `triton_search`
     (default: as use_triton) picks the search's path alone, e.g. False for torch's top-k (the old baseline).
     """
 
     def __init__(self, d_model, heads=8, k_dim=64, n_keys=256, knn=32, v_dim=None, query_norm="layer",
                  value_grad="atomic", use_triton=None, sparse_values=False, values=None, gate="none",
-                 shards=model_parallel.WHOLE, triton_search=None):
+                 shards=model_parallel.WHOLE, triton_search=None, init="xlm", sigmoid_gate=False):
         super().__init__()
         if k_dim % 2:
             raise ValueError(f"k_dim must be even (it is split into two halves), got {k_dim}")
         if not 1 <= knn <= n_keys:
             raise ValueError(f"knn must be in [1, n_keys={n_keys}], got {knn}")
         check_value_grad(value_grad)
+        if init not in MEMORY_INITS:
+            raise ValueError(f"init must be one of {MEMORY_INITS}, got {init!r}")
+        self.init = init
         self.heads, self.k_dim, self.n_keys, self.knn = heads, k_dim, n_keys, knn
         self.v_dim = d_model if v_dim is None else v_dim
         self.num_values = n_keys ** 2
@@ -95,6 +108,7 @@ class ProductKeyMemory(nn.Module):
             self.values = values
         self.gate = gate_layer(gate, d_model, self.v_dim)
         self.out = nn.Linear(self.v_dim, d_model) if self.gate is not None else None
+        self.sigmoid_gate = nn.Linear(d_model, 1) if sigmoid_gate else None
         self.stats: MemoryStats | None = None  # set (evaluation) to record the reads of every forward
         self.reset_memory_parameters()
 
@@ -106,14 +120,20 @@ class ProductKeyMemory(nn.Module):
                    use_triton=use_triton, sparse_values=config.sparse_values, **options)
 
     def reset_memory_parameters(self):
-        """Sub-keys and values (a table of its own); a model whose init loop rewrites all parameters should call
-        this after it."""
-        # XLM's initialisation: uniform sub-keys with bound 1/sqrt(dim), normal values with std 1/sqrt(v_dim),
-        # the same numbers however the table is split (languini.model_parallel.init_).
-        bound = 1 / math.sqrt(self.k_dim // 2)
+        """Sub-keys and values (a table of its own), and with init "meta" the maps' weights; a model whose init loop
+        rewrites all parameters should call this after it."""
+        # Uniform sub-keys, normal values with std 1/sqrt(v_dim) (XLM and Meta alike), the same numbers however the
+        # table is split (languini.model_parallel.init_).
+        bound = 1 / math.sqrt(self.k_dim if self.init == "meta" else self.k_dim // 2)
         nn.init.uniform_(self.sub_keys, -bound, bound)
         if self.owns_values:
             model_parallel.init_(self.values, lambda t: nn.init.normal_(t, mean=0.0, std=self.v_dim ** -0.5))
+        if self.init == "meta":
+            nn.init.xavier_uniform_(self.query_proj.weight)
+            d_model = self.query_proj.in_features  # Meta's std is output_dim^-0.5 for W_g and W_o, input_dim^-0.5
+            for layer in (self.gate, self.out, self.sigmoid_gate):  # for the sigmoid gate: here both d_model
+                if layer is not None:
+                    nn.init.normal_(layer.weight, std=d_model ** -0.5)
 
     def value_parameters(self):
         """The value table, for its own optimiser group (the LRAM paper uses 10x the learning rate)."""
@@ -132,7 +152,8 @@ class ProductKeyMemory(nn.Module):
         if self.stats is not None:
             self.stats.update(indices.detach(), weights.detach())
         out = sharded_bag(indices, weights, self.values, self.bag).to(x.dtype).unflatten(0, x.shape[:-1])
-        return out if self.out is None else self.out(gated(out, self.gate, x))
+        out = out if self.out is None else self.out(gated(out, self.gate, x))
+        return out if self.sigmoid_gate is None else out * torch.sigmoid(self.sigmoid_gate(x))
 
     def bag(self, indices, weights, values):
         """The weighted embedding bag of ops/embedding_bag over `values` (the table, or this process's columns)."""

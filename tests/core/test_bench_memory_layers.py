@@ -27,12 +27,19 @@ def bench():
 # LRAM: query 32*32 + 32, layer norm 2*32, out (2 heads * 64)*32 + 32, so 5248 + 64 N.
 # PKM (8 heads, k_dim 64, v_dim 32): query 32*512 + 512, layer norm 2*512, sub-keys 8*2*n*32, values n^2*32,
 #   so 17920 + 512 n + 32 n^2: n = 32 gives 67072, n = 52 gives 131072 = 2^17 exactly.
+# PEER (8 heads, k_dim 128, knn 16; no biases but the query's): query 32*1024 + 1024, layer norm 2*1024, one set of
+#   sub-keys 2*n*64, experts 2 * n^2 * 32, so 35840 + 128 n + 64 n^2: for 2^16, n = 20 gives 64000 (2^-0.034 off)
+#   and n = 21 66752 (2^0.027); for 2^17, n = 37 gives 128192 (2^-0.032) and n = 38 133120 (2^0.022); the smallest,
+#   n = knn = 16, 54272 = 2^15.73, more than half an octave above 2^15.
 @pytest.mark.parametrize("layer, width, target, size, params", [
     ("dense", 32, None, None, 8352),
     ("lram", 32, 2**15, 2**9, 5248 + 64 * 2**9),
     ("lram", 32, 2**16, 2**10, 5248 + 64 * 2**10),
     ("pkm", 32, 2**16, 32, 67072),
     ("pkm", 32, 2**17, 52, 131072),
+    ("peer", 32, 2**16, 21, 66752),
+    ("peer", 32, 2**17, 38, 133120),
+    ("peer", 32, None, 16, 54272),
     # w = 2048: LRAM's dense weights 2048*2048 + 2048 + 2*2048 + 8192*2048 + 2048 = 20979712, N = 256 adds 16384:
     # 2^24.32, within half an octave of 2^24
     ("lram", 2048, 2**24, 256, 20979712 + 64 * 256),
@@ -45,6 +52,7 @@ def test_size_choice_matches_hand_counts(bench, layer, width, target, size, para
 
 @pytest.mark.parametrize("layer, width, target", [
     ("pkm", 32, 2**15),  # the smallest PKM (n_keys = knn = 32) has 67072 > 2^15.5 parameters
+    ("peer", 32, 2**15),  # the smallest PEER (n_keys = knn = 16) has 54272 > 2^15.5
     ("lram", 4096, 2**24),  # LRAM's dense weights alone have about 5 * 4096^2 = 2^26.3
 ])
 def test_unreachable_targets_are_refused(bench, layer, width, target):
@@ -75,6 +83,8 @@ def test_cpu_smoke_run_writes_report_csv_and_png(bench, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "Facts for the goals" in printed and "the goals are GPU goals" in printed
     assert "PKM w=32: no memory size within a factor sqrt(2) of 2^15.0" in printed
+    assert "PEER w=32: no memory size within a factor sqrt(2) of 2^15.0" in printed
+    assert "- PEER / LRAM time at 2^24.0 parameters: -" in printed  # the default facts sizes; none measured
 
     (report,), (table,), (figure,) = (list(tmp_path.glob(f"*.{ext}")) for ext in ("txt", "csv", "png"))
     assert "fwd+bwd rev-idx" in report.read_text() and "of HBM" in report.read_text()
@@ -85,7 +95,7 @@ def test_cpu_smoke_run_writes_report_csv_and_png(bench, tmp_path, capsys):
     assert "--widths 32" in rows[0]["command"] and rows[0]["date"]
     assert [(r["layer"], int(r["params"])) for r in rows] == [
         ("dense MLP", 8352), ("LRAM", 5248 + 64 * 2**9), ("LRAM", 5248 + 64 * 2**10), ("LRAM", 5248 + 64 * 2**11),
-        ("PKM", 67072), ("PKM", 131072)]
+        ("PKM", 67072), ("PKM", 131072), ("PEER", 66752), ("PEER", 133120)]
     for r in rows:
         assert r["status"] == "ok"
         for column in ("fwd_us_per_token", "fwd_bwd_us_per_token", "step_adam_us_per_token"):
@@ -95,7 +105,7 @@ def test_cpu_smoke_run_writes_report_csv_and_png(bench, tmp_path, capsys):
         assert r["lookup_hbm_fraction"] == ""
         for column in ("lookup_gbps", "lookup_no_torus_us_per_token", "lookup_bwd_us_per_token", "lookup_bwd_gbps"):
             assert (r[column] != "") == (r["layer"] == "LRAM")
-        assert (r["step_sparse_us_per_token"] != "") == (r["layer"] != "dense MLP")  # both memories have one
+        assert (r["step_sparse_us_per_token"] != "") == (r["layer"] != "dense MLP")  # every memory has one
 
 
 def test_cuda_request_without_cuda_is_refused(bench, tmp_path):

@@ -3,13 +3,12 @@ GPT's (the configs' match), the expert tables' learning rate and init, memory st
 of the trainer, and a trainer step with row-sparse expert gradients (the model contract is
 tests/core/test_contract.py's)."""
 
-import json
 import math
 
 import pytest
 import torch
 
-from languini import experiment, flops
+from languini import flops
 from languini.books import BooksDataset
 from languini.memory_stats import MemoryStats
 from languini.trainer import TrainConfig, Trainer
@@ -18,6 +17,8 @@ from projects.gpt.model import Model as GPT
 from projects.peer_gpt import configs
 from projects.peer_gpt.model import MLP, Model
 from projects.peer_gpt.peer import PEER
+from tests.memory_gpt import (earlier_logits_unchanged, gpt_parameters, losses_on_one_batch, mlp_parameters,
+                              smoke_run_results)
 
 # 3 blocks, 4 x 4 = 16 experts of width 24, so that every test builds the model in milliseconds.
 TINY = dict(vocab_size=50, seq_len=16, d_model=24, n_layers=3, n_heads=2, d_head=8, mlp_ratio=2,
@@ -27,18 +28,6 @@ TINY = dict(vocab_size=50, seq_len=16, d_model=24, n_layers=3, n_heads=2, d_head
 def tiny_model(seed=0, **overrides):
     torch.manual_seed(seed)
     return Model(configs.ModelConfig(**{**TINY, **overrides}))
-
-
-def gpt_parameters(V, S, d, L, H, d_head, r):
-    """GPT-2 style decoder with learned positions, untied output layer, biases in every linear but the head."""
-    inner = H * d_head
-    attention = d * 3 * inner + 3 * inner + inner * d + d
-    block = 2 * 2 * d + attention + mlp_parameters(d, r)
-    return V * d + S * d + L * block + 2 * d + d * V
-
-
-def mlp_parameters(d, r):
-    return d * r * d + r * d + r * d * d + d
 
 
 def peer_parameters(d, heads, k_dim, n_keys):
@@ -65,12 +54,8 @@ def test_default_block_is_the_papers_middle_block(n_layers, expected):
 def test_model_is_causal_with_the_default_query_norm(query_norm, causal):
     assert configs.ModelConfig().memory_query_norm == "layer"
     model = tiny_model(memory_query_norm=query_norm).train()
-    x = torch.randint(50, (2, 12))
-    changed = x.clone()
-    changed[:, 7:] = (x[:, 7:] + 1 + torch.randint(48, (2, 5))) % 50  # every later token differs
-    earlier, earlier_changed = model(x)[0][:, :7], model(changed)[0][:, :7]
     # the paper's query BatchNorm shows that the check can fail: its batch statistics carry later tokens back
-    assert torch.allclose(earlier, earlier_changed, rtol=0, atol=1e-6) == causal
+    assert earlier_logits_unchanged(model, 50) == causal
 
 
 @pytest.mark.parametrize("name,readme_millions", [("cpu", None), ("mini", None), ("small", 159.5),
@@ -180,30 +165,12 @@ def test_layers_in_several_blocks_report_their_statistics_each():
 
 def test_trains():
     model = tiny_model()
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    x = torch.randint(50, (4, 16))
-    losses = []
-    for _ in range(15):
-        loss = torch.nn.functional.cross_entropy(model(x[:, :-1])[0].flatten(0, 1), x[:, 1:].flatten())
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    losses = losses_on_one_batch(model, 50)
     assert losses[-1] < 0.85 * losses[0]
 
 
 def test_training_run_end_to_end(default_corpus_root, tmp_path):
-    # --config cpu: without it a machine with a GPU picks the small config.
-    argv = ["--config", "cpu", "--max_steps", "3", "--batch_size", "4", "--seq_len", "64", "--eval_every", "3",
-            "--eval_batch_size", "4", "--eval_max_batches", "2", "--slow_eval_max_windows", "2",
-            "--data_root", str(default_corpus_root), "--out_dir", str(tmp_path), "--run_name", "smoke"]
-    experiment.main("peer_gpt", configs, Model, argv=argv)
-    results = json.loads((tmp_path / "smoke" / "results.json").read_text())
-    assert results["project"] == "peer_gpt" and results["config"] == "cpu" and results["steps"] == 3
-    assert results["memory_stats"].keys() == results["eval"]["fast"].keys()
-    for stats in results["memory_stats"].values():
-        assert 0 < stats["memory_usage"] <= 1
-        assert 0 <= stats["kl_from_uniform"] <= math.log(configs.get("cpu").peer_n_keys ** 2)
+    smoke_run_results("peer_gpt", configs, Model, default_corpus_root, tmp_path, configs.get("cpu").peer_n_keys ** 2)
 
 
 def test_sparse_experts_trainer_step_moves_only_the_experts_read(default_corpus_root, tmp_path):

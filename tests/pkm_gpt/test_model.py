@@ -2,19 +2,20 @@
 memory stats, one end-to-end run of the trainer, and a trainer step with row-sparse values (the model contract
 is tests/core/test_contract.py's)."""
 
-import json
 import math
 
 import pytest
 import torch
 
-from languini import experiment, flops
+from languini import flops
 from languini.books import BooksDataset
 from languini.memory_stats import MemoryStats
 from languini.trainer import TrainConfig, Trainer
 from projects.pkm_gpt import configs
 from projects.pkm_gpt.model import MLP, Model
 from projects.pkm_gpt.pkm import ProductKeyMemory
+from tests.memory_gpt import (earlier_logits_unchanged, gpt_parameters, losses_on_one_batch, mlp_parameters,
+                              smoke_run_results)
 
 # 3 blocks, 4 x 4 = 16 values of width 24, so that every test builds the model in milliseconds.
 TINY = dict(vocab_size=50, seq_len=16, d_model=24, n_layers=3, n_heads=2, d_head=8, mlp_ratio=2,
@@ -24,18 +25,6 @@ TINY = dict(vocab_size=50, seq_len=16, d_model=24, n_layers=3, n_heads=2, d_head
 def tiny_model(seed=0, **overrides):
     torch.manual_seed(seed)
     return Model(configs.ModelConfig(**{**TINY, **overrides}))
-
-
-def gpt_parameters(V, S, d, L, H, d_head, r):
-    """GPT-2 style decoder with learned positions, untied output layer, biases in every linear but the head."""
-    inner = H * d_head
-    attention = d * 3 * inner + 3 * inner + inner * d + d
-    block = 2 * 2 * d + attention + mlp_parameters(d, r)
-    return V * d + S * d + L * block + 2 * d + d * V
-
-
-def mlp_parameters(d, r):
-    return d * r * d + r * d + r * d * d + d
 
 
 def pkm_parameters(d, heads, k_dim, n_keys):
@@ -69,12 +58,8 @@ def test_default_memory_layer(n_layers, expected):
 def test_model_is_causal_with_the_default_query_norm(query_norm, causal):
     assert configs.ModelConfig().memory_query_norm == "layer"
     model = tiny_model(memory_query_norm=query_norm).train()
-    x = torch.randint(50, (2, 12))
-    changed = x.clone()
-    changed[:, 7:] = (x[:, 7:] + 1 + torch.randint(48, (2, 5))) % 50  # every later token differs
-    earlier, earlier_changed = model(x)[0][:, :7], model(changed)[0][:, :7]
     # batchnorm shows that the check can fail: its batch statistics carry later tokens into earlier logits.
-    assert torch.allclose(earlier, earlier_changed, rtol=0, atol=1e-6) == causal
+    assert earlier_logits_unchanged(model, 50) == causal
 
 
 @pytest.mark.parametrize("name,millions", [("tiny", 53.9), ("small", 110.6), ("medium", 336.4), ("large", 731.1),
@@ -176,15 +161,7 @@ def test_memory_stats_per_reading_layer_and_for_the_shared_table():
 @pytest.mark.parametrize("options", [dict(memory_layers="0,2", share_memory=True), dict(memory_gate="silu")])
 def test_shared_and_gated_memories_train(options):
     model = tiny_model(**options)
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    x = torch.randint(50, (4, 16))
-    losses = []
-    for _ in range(15):
-        loss = torch.nn.functional.cross_entropy(model(x[:, :-1])[0].flatten(0, 1), x[:, 1:].flatten())
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    losses = losses_on_one_batch(model, 50)
     assert losses[-1] < 0.85 * losses[0]
 
 
@@ -215,17 +192,7 @@ def test_memory_stats_after_a_forward():
 
 
 def test_training_run_end_to_end(default_corpus_root, tmp_path):
-    # --config cpu: without it a machine with a GPU picks the small config.
-    argv = ["--config", "cpu", "--max_steps", "3", "--batch_size", "4", "--seq_len", "64", "--eval_every", "3",
-            "--eval_batch_size", "4", "--eval_max_batches", "2", "--slow_eval_max_windows", "2",
-            "--data_root", str(default_corpus_root), "--out_dir", str(tmp_path), "--run_name", "smoke"]
-    experiment.main("pkm_gpt", configs, Model, argv=argv)
-    results = json.loads((tmp_path / "smoke" / "results.json").read_text())
-    assert results["project"] == "pkm_gpt" and results["config"] == "cpu" and results["steps"] == 3
-    assert results["memory_stats"].keys() == results["eval"]["fast"].keys()
-    for stats in results["memory_stats"].values():
-        assert 0 < stats["memory_usage"] <= 1
-        assert 0 <= stats["kl_from_uniform"] <= math.log(configs.get("cpu").pkm_n_keys ** 2)
+    smoke_run_results("pkm_gpt", configs, Model, default_corpus_root, tmp_path, configs.get("cpu").pkm_n_keys ** 2)
 
 
 def test_sparse_values_trainer_step_moves_only_the_rows_read(default_corpus_root, tmp_path):

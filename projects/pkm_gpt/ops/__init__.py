@@ -1,5 +1,6 @@
-"""The Triton ops of pkm_gpt (embedding_bag/, product_keys/); kernel_scenarios() launches their kernels as the
-model does, and kernel_cost_spec() tells scripts/kernel_cost.py what a launch costs per lookup."""
+"""The Triton ops of pkm_gpt (embedding_bag/; the product-key search is the core's, languini/ops/product_keys);
+kernel_scenarios() launches their kernels as the model does, and kernel_cost_spec() tells scripts/kernel_cost.py
+what a launch costs per lookup."""
 
 
 def kernel_scenarios():
@@ -9,11 +10,10 @@ def kernel_scenarios():
     import torch
 
     from languini.kernel_scenarios import forward_backward
-    from projects.pkm_gpt.ops.product_keys.triton import product_key_topk_triton
     from projects.pkm_gpt.pkm import LRAM_PAPER_PKM, ProductKeyMemory
 
-    # Every value width >= 128 launches with BLOCK_DIM = 128, as this one does. The search is launched on its own
-    # below (one head: the interpreter takes seconds per program of it, and heads do not change its code).
+    # Every value width >= 128 launches with BLOCK_DIM = 128, as this one does. The search is the core's (its
+    # scenarios: languini/ops/__init__.py).
     for values_dtype in (torch.float32, torch.bfloat16):
         for value_grad, sparse in (("atomic", False), ("segment", False), ("segment", True)):
             config = dataclasses.replace(LRAM_PAPER_PKM, value_grad=value_grad, sparse_values=sparse)
@@ -23,17 +23,6 @@ def kernel_scenarios():
             x = torch.randn(1, 1, 128)
             yield (f"values {values_dtype}, {value_grad}, sparse={sparse}",
                    lambda layer=layer, x=x: forward_backward(layer, x, autocast=True))
-    # the model's queries come out of a layer norm in fp32 (also under autocast); the sub-keys are fp32. The LRAM
-    # paper's sizes only: XLM's (k_dim 256, n_keys 512) take a minute to record and compile, too long for CI
-    config = LRAM_PAPER_PKM
-    queries = torch.randn(1, 1, config.k_dim, requires_grad=True)
-    sub_keys = torch.randn(1, 2, config.n_keys, config.k_dim // 2, requires_grad=True)
-
-    def search():
-        scores, _ = product_key_topk_triton(queries, sub_keys, config.knn)
-        scores.sum().backward()
-
-    yield "product-key search, the LRAM paper's sizes", search
 
 
 # What scripts/kernel_cost.py counts as one lookup: one head of one token reading its knn value rows, as LRAM's
@@ -64,14 +53,4 @@ def kernel_cost_spec(kernel, constants, signature, spec):
         moved = COST_KNN * COST_WIDTH * 4 + COST_WIDTH * 4 + COST_KNN * 16  # gradient rows in; a table row out
         return spec(lookups, [1], moved, "about 32 entries per table row read (8,192 tokens, 2^16 rows), each "
                                          "reading its token's gradient row")
-    if kernel == "pkm_search_fwd_kernel":  # BLOCK queries of one head per program; a loop per half over chunks
-        half, knn = constants["HALF"], constants["KNN"]
-        chunks_after_the_first = constants["N_PAD"] // constants["CHUNK"] - 1
-        return spec(constants["BLOCK"], [chunks_after_the_first] * 2, 2 * half * 4 + knn * 12,
-                    "HBM bytes: query in, scores and indices out; the sub-keys and the scratch stay in L2")
-    if kernel == "pkm_search_bwd_kernel":
-        half, knn = constants["HALF"], constants["KNN"]
-        return spec(constants["BLOCK"], [knn], 2 * half * 4 * 2 + knn * 12,
-                    "HBM bytes: query, indices, score gradients in, query gradient out; the sub-keys' "
-                    "gradient takes atomic adds in L2")
     return None

@@ -1,7 +1,6 @@
-"""The product-key search by Triton kernels (naive.product_key_topk_reference is the reference); copied from
-projects/pkm_gpt, its kernels renamed peer_search_*.
+"""The product-key search by Triton kernels (naive.product_key_topk_reference is the reference).
 
-Forward, one program per block of BLOCK_T queries and one head (peer_search_fwd_kernel):
+Forward, one program per block of BLOCK_T queries and one head (product_key_search_fwd_kernel):
 1. each half of the queries is scored against its n_keys sub-keys, a chunk of them at a time, by a matrix
    product (tl.dot; fp32 inputs, bf16 ones converted at load) into [BLOCK_T, CHUNK_N] scores;
 2. the knn best of each half by tl.topk (a bitonic network, no sort of all scores) on 64-bit keys that pack
@@ -14,7 +13,7 @@ Forward, one program per block of BLOCK_T queries and one head (peer_search_fwd_
    by tl.topk, packed as above with the memory index i1 * n_keys + i2 (lower index first on equal scores).
 Out: scores [R, heads, knn] fp32, descending, and the memory indices int64.
 
-Backward (peer_search_bwd_kernel, the same grid): the score of winner k is q_1 . key1[a_k] + q_2 . key2[b_k],
+Backward (product_key_search_bwd_kernel, the same grid): the score of winner k is q_1 . key1[a_k] + q_2 . key2[b_k],
 so dL/dq_h = sum_k g_k key_h[.] (rows gathered) and dL/dkey_h[.] += g_k q_h (relaxed atomic adds into an fp32
 table, cast to the sub-keys' dtype after).
 
@@ -27,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from projects.peer_gpt.ops.product_keys.naive import check_inputs
+from languini.ops.product_keys.naive import check_inputs
 
 BLOCK_T = 16  # queries per program: tl.dot's smallest M
 WARPS = 8  # 4 need 210 registers (XLM's sizes: 255) for the top-k networks, 8 need 168 (sm_90, Triton 3.9)
@@ -86,7 +85,7 @@ def _best_of_half(q_ptr, keys_ptr, rows, row_ok, head, half, heads, HALF: tl.con
 
 
 @triton.jit
-def peer_search_fwd_kernel(
+def product_key_search_fwd_kernel(
     q_ptr, keys_ptr, scores_ptr, index_ptr, scratch_score_ptr, scratch_key_ptr, pair_i_ptr, pair_j_ptr, n_rows,
     heads, HALF: tl.constexpr, D_PAD: tl.constexpr, N_KEYS: tl.constexpr, N_PAD: tl.constexpr,
     KNN: tl.constexpr, K_PAD: tl.constexpr, PAIRS: tl.constexpr, PAIRS_PAD: tl.constexpr, BLOCK: tl.constexpr,
@@ -130,7 +129,7 @@ def peer_search_fwd_kernel(
 
 
 @triton.jit
-def peer_search_bwd_kernel(
+def product_key_search_bwd_kernel(
     q_ptr, keys_ptr, index_ptr, grad_scores_ptr, grad_q_ptr, grad_keys_ptr, n_rows,
     heads, HALF: tl.constexpr, D_PAD: tl.constexpr, N_KEYS: tl.constexpr, KNN: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -196,7 +195,7 @@ def _meta(n_keys, half, knn):
                 LOG_N=n_pad.bit_length() - 1)
 
 
-@torch.library.custom_op("peer_gpt::product_key_search", mutates_args=())
+@torch.library.custom_op("languini::product_key_search", mutates_args=())
 def _search_op(queries: torch.Tensor, sub_keys: torch.Tensor, knn: int) -> tuple[torch.Tensor, torch.Tensor]:
     n_rows, heads, _ = queries.shape
     _, _, n_keys, half = sub_keys.shape
@@ -209,8 +208,8 @@ def _search_op(queries: torch.Tensor, sub_keys: torch.Tensor, knn: int) -> tuple
                                     device=queries.device)
         scratch_key = torch.empty(scratch_score.shape, dtype=torch.int32, device=queries.device)
         pair_i, pair_j = _pair_tables(knn, queries.device)
-        peer_search_fwd_kernel[(blocks, heads)](queries, sub_keys, scores, index, scratch_score, scratch_key, pair_i,
-                                               pair_j, n_rows, heads, num_warps=WARPS, **meta)
+        product_key_search_fwd_kernel[(blocks, heads)](queries, sub_keys, scores, index, scratch_score, scratch_key,
+                                                       pair_i, pair_j, n_rows, heads, num_warps=WARPS, **meta)
     return scores, index
 
 
@@ -220,7 +219,7 @@ def _(queries, sub_keys, knn):
     return queries.new_empty(shape, dtype=torch.float32), queries.new_empty(shape, dtype=torch.int64)
 
 
-@torch.library.custom_op("peer_gpt::product_key_search_backward", mutates_args=())
+@torch.library.custom_op("languini::product_key_search_backward", mutates_args=())
 def _search_backward_op(queries: torch.Tensor, sub_keys: torch.Tensor, index: torch.Tensor,
                         grad_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     n_rows, heads, knn = index.shape
@@ -228,7 +227,7 @@ def _search_backward_op(queries: torch.Tensor, sub_keys: torch.Tensor, index: to
     grad_queries = torch.empty(queries.shape, dtype=torch.float32, device=queries.device)
     grad_keys = torch.zeros(sub_keys.shape, dtype=torch.float32, device=sub_keys.device)
     if n_rows:
-        peer_search_bwd_kernel[(triton.cdiv(n_rows, BLOCK_T), heads)](
+        product_key_search_bwd_kernel[(triton.cdiv(n_rows, BLOCK_T), heads)](
             queries, sub_keys, index, grad_scores, grad_queries, grad_keys, n_rows, heads, HALF=half,
             D_PAD=max(16, triton.next_power_of_2(half)), N_KEYS=n_keys, KNN=knn, BLOCK=BLOCK_T, num_warps=4)
     return grad_queries, grad_keys
@@ -243,7 +242,7 @@ def _(queries, sub_keys, index, grad_scores):
 class ProductKeySearch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, queries, sub_keys, knn):
-        scores, index = torch.ops.peer_gpt.product_key_search(queries, sub_keys, knn)
+        scores, index = torch.ops.languini.product_key_search(queries, sub_keys, knn)
         ctx.save_for_backward(queries, sub_keys, index)
         ctx.mark_non_differentiable(index)
         return scores, index
@@ -251,7 +250,7 @@ class ProductKeySearch(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_scores, _):
         queries, sub_keys, index = ctx.saved_tensors
-        grad_queries, grad_keys = torch.ops.peer_gpt.product_key_search_backward(
+        grad_queries, grad_keys = torch.ops.languini.product_key_search_backward(
             queries, sub_keys, index, grad_scores.contiguous())
         return grad_queries.to(queries.dtype), grad_keys.to(sub_keys.dtype), None
 

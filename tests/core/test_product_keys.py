@@ -1,12 +1,12 @@
-"""The product-key search (copied from pkm_gpt): the Triton kernels (interpreter on CPU) and the reference against a
-brute-force search
-over all n_keys^2 product keys in float64, with the gradients by their formula."""
+"""The product-key search of languini/ops/product_keys (pkm_gpt's memory and peer_gpt's expert retrieval): the Triton
+kernels (interpreter on CPU) and the reference against a brute-force search over all n_keys^2 product keys in float64,
+with the gradients by their formula."""
 
 import pytest
 import torch
 
-from projects.peer_gpt.ops.product_keys import product_key_topk
-from projects.peer_gpt.ops.product_keys.triton import candidate_pairs
+from languini.ops.product_keys import product_key_topk
+from languini.ops.product_keys.triton import candidate_pairs
 
 # (rows R, heads, k_dim, n_keys, knn): odd sizes everywhere; n_keys above one chunk of 128 and not a power of two
 SHAPES = [pytest.param((23, 3, 6, 7, 4), id="R23-h3-k6-n7-knn4"),

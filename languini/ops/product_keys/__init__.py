@@ -1,9 +1,10 @@
-"""The product-key search (the best knn of n_keys^2 product keys per query and head): naive.py (reference, CPU
-path) and triton.py (kernels), chosen by `product_key_topk`."""
+"""The product-key search (the best knn of n_keys^2 product keys per query and head; Lample et al. 2019), read by
+pkm_gpt's memory and peer_gpt's expert retrieval: naive.py (reference, CPU path) and triton.py (kernels), chosen by
+`product_key_topk`."""
 
 import torch
 
-from projects.pkm_gpt.ops.product_keys.naive import check_inputs, product_key_topk_reference
+from languini.ops.product_keys.naive import check_inputs, product_key_topk_reference
 
 
 def product_key_topk(queries, sub_keys, knn, use_triton=None):
@@ -15,7 +16,7 @@ def product_key_topk(queries, sub_keys, knn, use_triton=None):
     if use_triton is None:
         use_triton = queries.is_cuda
     if use_triton and torch.float64 not in (queries.dtype, sub_keys.dtype):
-        from projects.pkm_gpt.ops.product_keys.triton import product_key_topk_triton  # the reference needs no Triton
+        from languini.ops.product_keys.triton import product_key_topk_triton  # the reference needs no Triton
 
         return product_key_topk_triton(queries, sub_keys, knn)
     check_inputs(queries, sub_keys, knn)
