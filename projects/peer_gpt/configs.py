@@ -8,6 +8,7 @@ study (section 3.1: 1024^2 experts, 8 heads, 16 experts per head), fewer FLOPs t
 """
 from dataclasses import dataclass, replace
 
+from languini import transformer
 from languini.flags import arg
 from projects.peer_gpt.peer import PAPER_PEER
 
@@ -16,18 +17,7 @@ EXPERTS_PER_HEAD = PAPER_PEER.knn
 
 
 @dataclass
-class ModelConfig:
-    vocab_size: int = arg(16384, "tokens of the vocabulary (set to the dataset's unless given)")
-    seq_len: int = arg(512, "tokens per sequence, the length of the learned position table")
-    d_model: int = arg(768, "width of the residual stream")
-    n_layers: int = arg(12, "transformer blocks")
-    n_heads: int = arg(12, "attention heads")
-    d_head: int = arg(64, "width of each head; attention width is n_heads * d_head, which differs from d_model for "
-                          "mini")
-    mlp_ratio: int = arg(4, "MLP hidden width over d_model")
-    attention: str = arg("math", "math: an explicit masked softmax, as the official Languini code (whose use_flash is off: "
-                                 "the paper saw gradient spikes with flash attention on its RTX 3090); sdpa: "
-                                 "F.scaled_dot_product_attention (flash kernels)", choices=("math", "sdpa"))
+class ModelConfig(transformer.GPTConfig):
     memory_layers: str | None = arg(None, "blocks (from 0) whose MLP a PEER layer replaces, comma-separated (\"2,4\"); "
                                           "none: (n_layers - 1) // 2, the middle block (PEER paper 3.1: block 6 of 12)")
     peer_heads: int = arg(33, "retrieval heads h (query networks), sharing the experts and the product keys")
@@ -45,11 +35,10 @@ class ModelConfig:
 # Heads per size: the fewest whose forward FLOPs at batch 1 and seq_len 512 (DeepSpeed + extra_flops, vocabulary
 # 16,384) reach the GPT's of the same name (the ratios: README.md, tests/peer_gpt/test_model.py).
 _GPT_SIZES = {
-    "mini": ModelConfig(d_model=512, n_layers=4, n_heads=8, d_head=32, peer_heads=20),
-    "tiny": ModelConfig(d_model=768, n_layers=4, n_heads=12, d_head=64, peer_heads=33),
-    "small": ModelConfig(d_model=768, n_layers=12, n_heads=12, d_head=64, peer_heads=33),
-    # Table 4 prints 12 layers for medium, but its 336.4M parameters (and GPT-2 medium) need 24.
-    "medium": ModelConfig(d_model=1024, n_layers=24, n_heads=16, d_head=64, peer_heads=45),
+    "mini": ModelConfig(**transformer.GPT_SIZES["mini"], peer_heads=20),
+    "tiny": ModelConfig(**transformer.GPT_SIZES["tiny"], peer_heads=33),
+    "small": ModelConfig(**transformer.GPT_SIZES["small"], peer_heads=33),
+    "medium": ModelConfig(**transformer.GPT_SIZES["medium"], peer_heads=45),
 }
 
 _PAPER = dict(peer_heads=PAPER_PEER.heads, peer_k_dim=PAPER_PEER.k_dim, peer_n_keys=PAPER_PEER.n_keys,
@@ -60,19 +49,12 @@ SIZES = {
     **{f"{name}_paper": replace(cfg, **_PAPER) for name, cfg in _GPT_SIZES.items()},
     # Sized for a smoke test on 2 CPU cores with the embedded default corpus; not a paper config. 23^2 = 529
     # experts ~ pkm_gpt cpu's 32^2 values (ratio 1.03); heads as for the sizes above, against gpt's cpu config.
-    "cpu": ModelConfig(vocab_size=2048, seq_len=128, d_model=128, n_layers=2, n_heads=4, d_head=32,
-                       peer_heads=6, peer_n_keys=23),
+    "cpu": ModelConfig(**transformer.CPU_SIZE, peer_heads=6, peer_n_keys=23),
 }
 
 # The GPT baseline's best model size and batch per compute class (Languini paper, Table 6), so that PEER is
 # compared with the GPT at equal reference-hardware time.
-COMPUTE_CLASSES = {
-    "6h": {"config": "small", "batch_size": 128},
-    "12h": {"config": "small", "batch_size": 128},
-    "24h": {"config": "small", "batch_size": 256},
-    "48h": {"config": "medium", "batch_size": 256},
-    "96h": {"config": "medium", "batch_size": 256},
-}
+COMPUTE_CLASSES = transformer.compute_classes()
 
 
 def get(name: str, **overrides) -> ModelConfig:

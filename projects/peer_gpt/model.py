@@ -1,68 +1,15 @@
-"""The GPT of projects/gpt (copied) with the MLP of the middle block replaced by a PEER layer (He 2024, section 3.1).
+"""The GPT of languini/transformer.py with the MLP of the middle block replaced by a PEER layer (He 2024, section 3.1).
 
 The layer maps d_model -> d_model and writes to the residual stream as the MLP it replaces. Its expert tables train
 at `expert_lr_multiplier` x the learning rate (see `optimizer_groups`); with `sparse_experts` their gradients hold
 only the rows read and their group is marked for a lazy SparseAdam. --memory_layers 1,3 puts a PEER layer, each
 with its own experts, in several blocks.
 """
-import math
-
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
 from languini.memory_layers import memory_layer_indices, table_optimizer_groups
 from languini.memory_stats import MemoryStats, layers_result
+from languini.transformer import GPT, MLP, Block, init_residual_, residual_std
 from projects.peer_gpt.configs import ModelConfig
 from projects.peer_gpt.peer import PEER, peer_flops
-
-
-ATTENTION = ("math", "sdpa")
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        if cfg.attention not in ATTENTION:
-            raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, not {cfg.attention!r}")
-        self.n_heads, self.d_head, self.impl = cfg.n_heads, cfg.d_head, cfg.attention
-        inner = cfg.n_heads * cfg.d_head
-        self.qkv = nn.Linear(cfg.d_model, 3 * inner)
-        self.proj = nn.Linear(inner, cfg.d_model)
-
-    def forward(self, x):
-        B, T, _ = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
-        if self.impl == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:  # as the official code: under autocast the softmax runs in fp32, the products in half precision
-            scores = torch.einsum("bhid,bhjd->bhij", q, k) * self.d_head ** -0.5
-            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-            y = torch.einsum("bhij,bhjd->bhid", F.softmax(scores.masked_fill(future, float("-inf")), dim=-1), v)
-        return self.proj(y.transpose(1, 2).flatten(2))
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model)
-        self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
-
-    def forward(self, x):
-        return self.proj(F.gelu(self.fc(x), approximate="tanh"))  # GPT-2's GELU
-
-
-class Block(nn.Module):
-    """Pre-LayerNorm block; its feed-forward part `ff` is an MLP or a PEER layer."""
-
-    def __init__(self, cfg: ModelConfig, ff: nn.Module):
-        super().__init__()
-        self.ln1, self.attn = nn.LayerNorm(cfg.d_model), Attention(cfg)
-        self.ln2, self.ff = nn.LayerNorm(cfg.d_model), ff
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.ff(self.ln2(x))
 
 
 def peer_blocks(cfg: ModelConfig) -> list[int]:
@@ -72,36 +19,28 @@ def peer_blocks(cfg: ModelConfig) -> list[int]:
     return memory_layer_indices(layers, cfg.n_layers)
 
 
-class Model(nn.Module):
-    stateful = False  # every window starts afresh (languini/model_contract.py)
+class Model(GPT):
+    """The GPT of languini/transformer.py whose PEER blocks' feed-forward part `ff` is a PEER layer."""
 
     def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.memory_blocks = peer_blocks(cfg)
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
-        self.blocks = nn.ModuleList(
-            Block(cfg, PEER(cfg.d_model, heads=cfg.peer_heads, k_dim=cfg.peer_k_dim, n_keys=cfg.peer_n_keys,
-                            knn=cfg.peer_knn, query_norm=cfg.memory_query_norm, sparse_experts=cfg.sparse_experts)
-                  if i in self.memory_blocks else MLP(cfg))
-            for i in range(cfg.n_layers))
-        self.ln_f = nn.LayerNorm(cfg.d_model)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.apply(self._init)
-        residual_std = 0.02 / math.sqrt(2 * cfg.n_layers)  # GPT-2: residual writes scaled down with depth
-        for block in self.blocks:
-            if isinstance(block.ff, MLP):
-                nn.init.normal_(block.ff.proj.weight, std=residual_std)
-        for layer in self.memories:
-            layer.reset_expert_parameters(up_std=residual_std)  # the experts' up vectors are residual writes
+        memory_blocks = peer_blocks(cfg)
 
-    @staticmethod
-    def _init(m):
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=0.02)
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            nn.init.zeros_(m.bias)
+        def make_block(i):
+            if i not in memory_blocks:
+                return Block(cfg, MLP(cfg.d_model, cfg.mlp_ratio), ff_name="ff")
+            return Block(cfg, PEER(cfg.d_model, heads=cfg.peer_heads, k_dim=cfg.peer_k_dim, n_keys=cfg.peer_n_keys,
+                                   knn=cfg.peer_knn, query_norm=cfg.memory_query_norm,
+                                   sparse_experts=cfg.sparse_experts), ff_name="ff")
+
+        super().__init__(cfg, make_block)
+        self.memory_blocks = memory_blocks
+        for layer in self.memories:  # the experts' up vectors are residual writes
+            layer.reset_expert_parameters(up_std=residual_std(cfg.n_layers))
+
+    def init_block(self, block: Block) -> None:
+        """GPT-2: the MLPs' residual writes are scaled down with depth (a PEER layer's, its up vectors, above)."""
+        if isinstance(block.ff, MLP):
+            init_residual_(block.ff.proj, self.cfg.n_layers)
 
     @property
     def memories(self) -> list[PEER]:
@@ -112,17 +51,6 @@ class Model(nn.Module):
     def memory(self) -> PEER:
         """The first PEER layer."""
         return self.memories[0]
-
-    def forward(self, x, state=None):
-        T = x.shape[1]
-        if T > self.cfg.seq_len:
-            raise ValueError(f"Sequence length {T} exceeds the position table ({self.cfg.seq_len}); "
-                             f"use --seq_len {T} or shorter sequences.")
-        # Token embeddings scaled by sqrt(d_model), as in the official Languini code the paper's numbers come from.
-        h = self.tok_emb(x) * math.sqrt(self.cfg.d_model) + self.pos_emb(torch.arange(T, device=x.device))
-        for block in self.blocks:
-            h = block(h)
-        return self.head(self.ln_f(h)), None
 
     def optimizer_groups(self, lr: float) -> list[dict]:
         """The expert tables at expert_lr_multiplier x lr, everything else at lr; with sparse_experts the expert

@@ -10,23 +10,13 @@ k_dim 512, knn 32, the SiLU gate, no query normalisation, Meta's initialisation 
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from languini import transformer
 from languini.flags import arg
 from projects.pkm_gpt.pkm import LRAM_PAPER_PKM, MEMORY_INITS, MEMORY_PLUS_PKM, XLM_PKM
 
 
 @dataclass
-class ModelConfig:
-    vocab_size: int = arg(16384, "tokens of the vocabulary (set to the dataset's unless given)")
-    seq_len: int = arg(512, "tokens per sequence, the length of the learned position table")
-    d_model: int = arg(768, "width of the residual stream")
-    n_layers: int = arg(12, "transformer blocks")
-    n_heads: int = arg(12, "attention heads")
-    d_head: int = arg(64, "width of each head; attention width is n_heads * d_head, which differs from d_model for "
-                          "mini")
-    mlp_ratio: int = arg(4, "MLP hidden width over d_model")
-    attention: str = arg("math", "math: an explicit masked softmax, as the official Languini code (whose use_flash is off: "
-                                 "the paper saw gradient spikes with flash attention on its RTX 3090); sdpa: "
-                                 "F.scaled_dot_product_attention (flash kernels)", choices=("math", "sdpa"))
+class ModelConfig(transformer.GPTConfig):
     memory_layers: str | None = arg(None, "blocks (from 0) whose MLP a memory replaces, comma-separated (\"2,4\"); "
                                           "none: (2 * n_layers - 1) // 3, the last block of the first two thirds, "
                                           "which is the LRAM paper's 4th of 6 layers")
@@ -63,15 +53,7 @@ class ModelConfig:
 
 _XLM = dict(pkm_heads=XLM_PKM.heads, pkm_k_dim=XLM_PKM.k_dim, pkm_n_keys=XLM_PKM.n_keys, pkm_knn=XLM_PKM.knn)
 
-_GPT_SIZES = {
-    "mini": ModelConfig(d_model=512, n_layers=4, n_heads=8, d_head=32),
-    "tiny": ModelConfig(d_model=768, n_layers=4, n_heads=12, d_head=64),
-    "small": ModelConfig(d_model=768, n_layers=12, n_heads=12, d_head=64),
-    # Table 4 prints 12 layers for medium, but its 336.4M parameters (and GPT-2 medium) need 24.
-    "medium": ModelConfig(d_model=1024, n_layers=24, n_heads=16, d_head=64),
-    "large": ModelConfig(d_model=1536, n_layers=24, n_heads=16, d_head=96),
-    "XL": ModelConfig(d_model=2048, n_layers=24, n_heads=24, d_head=128),
-}
+_GPT_SIZES = transformer.sizes(ModelConfig)
 
 # Memory+ as Meta's code runs it (its ProductKeyArgs defaults and apps/main/configs/pkplus_373m_1024k.yaml):
 # what does not depend on the memory's size.
@@ -83,8 +65,7 @@ _MEMORY_PLUS = dict(_MEMORY_PLUS_RECIPE, pkm_heads=MEMORY_PLUS_PKM.heads, pkm_k_
 # same spacing, 4 blocks two (our choice: the paper names no placement for so few blocks).
 MEMORY_PLUS_LAYERS = {24: "4,12,20", 12: "2,6,10", 4: "1,3", 2: "0,1"}
 
-_CPU = ModelConfig(vocab_size=2048, seq_len=128, d_model=128, n_layers=2, n_heads=4, d_head=32,
-                   pkm_heads=4, pkm_k_dim=32, pkm_n_keys=32, pkm_knn=8)
+_CPU = ModelConfig(**transformer.CPU_SIZE, pkm_heads=4, pkm_k_dim=32, pkm_n_keys=32, pkm_knn=8)
 
 SIZES = {
     **_GPT_SIZES,
@@ -100,13 +81,7 @@ SIZES = {
 
 # The GPT baseline's best model size and batch per compute class (Languini paper, Table 6), so that the
 # memory is compared with the GPT at equal reference-hardware time.
-COMPUTE_CLASSES = {
-    "6h": {"config": "small", "batch_size": 128},
-    "12h": {"config": "small", "batch_size": 128},
-    "24h": {"config": "small", "batch_size": 256},
-    "48h": {"config": "medium", "batch_size": 256},
-    "96h": {"config": "medium", "batch_size": 256},
-}
+COMPUTE_CLASSES = transformer.compute_classes()
 
 
 def get(name: str, **overrides) -> ModelConfig:

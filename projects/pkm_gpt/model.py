@@ -1,4 +1,4 @@
-"""The GPT of projects/gpt (copied) with one block's MLP replaced by a product-key memory (Lample et al. 2019).
+"""The GPT of languini/transformer.py with one block's MLP replaced by a product-key memory (Lample et al. 2019).
 
 The memory maps d_model -> d_model and writes to the residual stream as the MLP it replaces. Its value table
 trains at `value_lr_multiplier` x the learning rate (see `optimizer_groups`), as in the LRAM paper; with
@@ -8,65 +8,14 @@ one (each with its own queries and sub-keys); --memory_gate silu is Memory+ (W_o
 profiler counting W_g, W_o and the silu, extra_flops the product; --memory_shards splits each table's columns over
 processes (languini/model_parallel.py).
 """
-import math
-
-import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from languini import model_parallel
 from languini.memory_layers import memory_layer_indices, table_optimizer_groups
 from languini.memory_stats import MemoryStats, layers_result
+from languini.transformer import GPT, MLP, Block, init_residual_
 from projects.pkm_gpt.configs import ModelConfig
 from projects.pkm_gpt.pkm import ProductKeyMemory, pkm_flops
-
-
-ATTENTION = ("math", "sdpa")
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        if cfg.attention not in ATTENTION:
-            raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, not {cfg.attention!r}")
-        self.n_heads, self.d_head, self.impl = cfg.n_heads, cfg.d_head, cfg.attention
-        inner = cfg.n_heads * cfg.d_head
-        self.qkv = nn.Linear(cfg.d_model, 3 * inner)
-        self.proj = nn.Linear(inner, cfg.d_model)
-
-    def forward(self, x):
-        B, T, _ = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
-        if self.impl == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:  # as the official code: under autocast the softmax runs in fp32, the products in half precision
-            scores = torch.einsum("bhid,bhjd->bhij", q, k) * self.d_head ** -0.5
-            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-            y = torch.einsum("bhij,bhjd->bhid", F.softmax(scores.masked_fill(future, float("-inf")), dim=-1), v)
-        return self.proj(y.transpose(1, 2).flatten(2))
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model)
-        self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
-
-    def forward(self, x):
-        return self.proj(F.gelu(self.fc(x), approximate="tanh"))  # GPT-2's GELU
-
-
-class Block(nn.Module):
-    """Pre-LayerNorm block; its feed-forward part `ff` is an MLP or the product-key memory."""
-
-    def __init__(self, cfg: ModelConfig, ff: nn.Module):
-        super().__init__()
-        self.ln1, self.attn = nn.LayerNorm(cfg.d_model), Attention(cfg)
-        self.ln2, self.ff = nn.LayerNorm(cfg.d_model), ff
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.ff(self.ln2(x))
 
 
 def product_key_memory(cfg: ModelConfig, values: nn.Parameter | None = None) -> ProductKeyMemory:
@@ -78,40 +27,30 @@ def product_key_memory(cfg: ModelConfig, values: nn.Parameter | None = None) -> 
                             init=cfg.memory_init, sigmoid_gate=cfg.memory_sigmoid_gate)
 
 
-class Model(nn.Module):
-    stateful = False  # every window starts afresh (languini/model_contract.py)
+class Model(GPT):
+    """The GPT of languini/transformer.py whose memory blocks' feed-forward part `ff` is a product-key memory."""
 
     def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.memory_blocks = memory_layer_indices(cfg.memory_layers, cfg.n_layers)
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
-        blocks, first = [], None
-        for i in range(cfg.n_layers):
-            if i in self.memory_blocks:  # with share_memory, later memory layers read the first one's table
-                memory = product_key_memory(cfg, first.values if cfg.share_memory and first is not None else None)
-                first = first or memory
-                blocks.append(Block(cfg, memory))
-            else:
-                blocks.append(Block(cfg, MLP(cfg)))
-        self.blocks = nn.ModuleList(blocks)
-        self.ln_f = nn.LayerNorm(cfg.d_model)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.apply(self._init)
-        for block in self.blocks:  # GPT-2: the residual writes of MLPs (and of gated memories) are scaled with depth
-            residual_write = block.ff.proj if isinstance(block.ff, MLP) else block.ff.out
-            if residual_write is not None:
-                nn.init.normal_(residual_write.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
+        memory_blocks = memory_layer_indices(cfg.memory_layers, cfg.n_layers)
+        memories = []
+
+        def make_block(i):
+            if i not in memory_blocks:
+                return Block(cfg, MLP(cfg.d_model, cfg.mlp_ratio), ff_name="ff")
+            # with share_memory, later memory layers read the first one's table
+            memories.append(product_key_memory(cfg, memories[0].values if cfg.share_memory and memories else None))
+            return Block(cfg, memories[-1], ff_name="ff")
+
+        super().__init__(cfg, make_block)
+        self.memory_blocks = memory_blocks
         for memory in self.memories:
             memory.reset_memory_parameters()  # the memory's own init (memory_init), not the GPT's
 
-    @staticmethod
-    def _init(m):
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=0.02)
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            nn.init.zeros_(m.bias)
+    def init_block(self, block: Block) -> None:
+        """GPT-2: the residual writes of MLPs (and of gated memories) are scaled with depth."""
+        residual_write = block.ff.proj if isinstance(block.ff, MLP) else block.ff.out
+        if residual_write is not None:
+            init_residual_(residual_write, self.cfg.n_layers)
 
     @property
     def memories(self) -> list[ProductKeyMemory]:
@@ -126,17 +65,6 @@ class Model(nn.Module):
     def value_tables(self) -> list[nn.Parameter]:
         """Each value table once (a shared one is read by several memory layers)."""
         return list({id(p): p for m in self.memories for p in m.value_parameters()}.values())
-
-    def forward(self, x, state=None):
-        T = x.shape[1]
-        if T > self.cfg.seq_len:
-            raise ValueError(f"Sequence length {T} exceeds the position table ({self.cfg.seq_len}); "
-                             f"use --seq_len {T} or shorter sequences.")
-        # Token embeddings scaled by sqrt(d_model), as in the official Languini code the paper's numbers come from.
-        h = self.tok_emb(x) * math.sqrt(self.cfg.d_model) + self.pos_emb(torch.arange(T, device=x.device))
-        for block in self.blocks:
-            h = block(h)
-        return self.head(self.ln_f(h)), None
 
     def optimizer_groups(self, lr: float) -> list[dict]:
         """The value table at value_lr (fixed) or value_lr_multiplier x lr, everything else at lr (the schedule
