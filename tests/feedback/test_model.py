@@ -9,7 +9,8 @@ import dataclasses
 import pytest
 import torch
 
-from projects.feedback import configs, segment
+from projects.feedback import configs
+from projects.feedback.ops.window_attention import naive
 from projects.feedback.model import Decoder, Model
 from tests.feedback import brute_force
 
@@ -68,21 +69,26 @@ def test_fast_path_matches_brute_force(memory, T, tau):
 
 
 def test_fast_path_of_three_layers_matches_brute_force():
-    """From segment.ONE_PASS_MIN_LAYERS layers on, the backward adds a step's key and value gradients in one pass."""
-    cfg = small(mem_len=4, n_layers=segment.ONE_PASS_MIN_LAYERS, attention_impl="naive")
+    """From naive.ONE_PASS_MIN_LAYERS layers on, the backward adds a step's key and value gradients in one pass."""
+    assert naive.ONE_PASS_MIN_LAYERS == 3
+    cfg = small(mem_len=4, n_layers=naive.ONE_PASS_MIN_LAYERS, attention_impl="naive")
     assert_matches_brute_force(*model_and_inputs(cfg, 7), tol=1e-9)
 
 
-def test_kernel_path_matches_brute_force(device):
+# 1 layer: the kernel's backward adds the window's key and value gradients per layer; from
+# triton.ONE_PASS_MIN_LAYERS = 2 on, it writes the weights and one launch per step adds all layers' (odd batch at 3)
+@pytest.mark.parametrize("n_layers,batch,T", [(1, 2, 6), (2, 2, 6), (3, 3, 4)],
+                         ids=["1-layer", "2-layers", "3-layers-batch-3"])
+def test_kernel_path_matches_brute_force(n_layers, batch, T, device):
     """The model through the Triton kernel in fp32 (on the test device) against the brute force in float64."""
-    cfg = small(mem_len=3, n_heads=2, d_head=5, attention_impl="triton")
-    model, tokens, memory, upstream = model_and_inputs(cfg, 6, dtype=torch.float32)
+    cfg = small(mem_len=3, n_heads=2, d_head=5, n_layers=n_layers, attention_impl="triton")
+    model, tokens, memory, upstream = model_and_inputs(cfg, T, batch=batch, dtype=torch.float32)
     got = outputs_and_grads(model.to(device), lambda: model(tokens.to(device), memory.to(device)),
                             upstream.to(device))
     model.cpu().double()
     want = outputs_and_grads(model, lambda: brute_force.logits_and_memory(model, tokens, memory.double()),
                              upstream.double())
-    # fp32 through 2 layers and 6 recurrent steps of O(1) activations
+    # fp32 through 1-3 layers and 4-6 recurrent steps of O(1) activations
     for name, a, b in (("logits", got[0], want[0]), ("memory", got[1], want[1])):
         torch.testing.assert_close(a.cpu().double(), b, rtol=2e-4, atol=2e-4, msg=lambda m: f"{name}: {m}")
     for name, grad in want[2].items():
