@@ -56,12 +56,17 @@ def models(cfg: configs.ModelConfig, context: int, device):
     return gpt.to(device).eval(), feedback.to(device).eval()
 
 
-def new_decoder(model, streams: int, context: int, tokens: int, from_empty: bool, device):
+def new_decoder(model, streams: int, context: int, tokens: int, from_empty: bool, device, cuda_graph: bool = False):
     """A decoder of an empty context, or one about to generate positions context - tokens .. context - 1: the GPT's
-    cache, the Feedback Transformer's ring of tau = context slots, full of random keys and values."""
+    cache, the Feedback Transformer's ring of tau = context slots, full of random keys and values (cuda_graph: its
+    full ring's steps replayed from a CUDA graph, captured here by one step; from empty the ring is full only after
+    the context, so no step is replayed)."""
     if isinstance(model, Model):
         state = None if from_empty else torch.randn(streams, context, model.cfg.d_model, device=device)
-        return Decoder(model, state, batch=streams)
+        decoder = Decoder(model, state, batch=streams, cuda_graph=cuda_graph)
+        if cuda_graph and state is not None:
+            decoder.step(torch.zeros(streams, dtype=torch.long, device=device))
+        return decoder
     decoder = CachedDecoder(model, batch=streams)
     if not from_empty:
         decoder.cache.normal_()
@@ -70,7 +75,7 @@ def new_decoder(model, streams: int, context: int, tokens: int, from_empty: bool
 
 
 def tokens_per_second(models: dict, streams: int, context: int, tokens: int, repeats: int, from_empty: bool,
-                      precision: str, device, clock) -> dict:
+                      precision: str, device, clock, cuda_graph: bool = False) -> dict:
     """{name: tokens/s} of `tokens` steps at the end of the context, or of all `context` steps from an empty one:
     the median of `repeats` runs after an untimed one of `tokens` steps, each run with a fresh decoder (built
     untimed), the models' runs alternating so that both see the same load of a shared machine."""
@@ -81,7 +86,7 @@ def tokens_per_second(models: dict, streams: int, context: int, tokens: int, rep
     for repeat in range(-1, repeats):
         for name, model in models.items():
             with autocast():
-                decoder = new_decoder(model, streams, context, tokens, from_empty, device)
+                decoder = new_decoder(model, streams, context, tokens, from_empty, device, cuda_graph)
 
             def run(mark, decoder=decoder, n=tokens if repeat < 0 else steps):
                 with autocast():
@@ -109,6 +114,8 @@ def main(argv=None):
     parser.add_argument("--clock", default="wall", choices=("wall", "process"),
                         help="on a CPU: wall time, or the seconds this process ran (with --threads 1: what other "
                              "processes of a shared machine take is not counted)")
+    add_bool_flag(parser, "--cuda_graph", False, "on CUDA: the Feedback Transformer's full-ring steps replayed "
+                  "from a CUDA graph (Decoder(cuda_graph=True), captured before the timed steps; at C only)")
     parser.add_argument("--csv", default=None, help="write the rows to this CSV")
     args = parser.parse_args(argv)
     if args.threads:
@@ -118,6 +125,8 @@ def main(argv=None):
     cfg = configs.get(args.config)
     clock = time.process_time if args.clock == "process" else time.perf_counter
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.cuda_graph and device.type != "cuda":
+        raise SystemExit("--cuda_graph needs a CUDA device")
     print(f"{args.config}: d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads of {cfg.d_head}, vocab "
           f"{cfg.vocab_size}; {local_device_name(device)}, {torch.get_num_threads()} threads, precision "
           f"{args.precision}, torch {torch.__version__}; {args.clock} clock; at each context {args.tokens} tokens, "
@@ -129,7 +138,7 @@ def main(argv=None):
         row = {"context": context, "streams": streams}
         for kind, from_empty, repeats in (("at_context", False, args.repeats), ("from_empty", True, 1)):
             speeds = (tokens_per_second({"gpt": gpt, "feedback": feedback}, streams, context, args.tokens, repeats,
-                                        from_empty, args.precision, device, clock)
+                                        from_empty, args.precision, device, clock, args.cuda_graph)
                       if args.from_empty or not from_empty else {"gpt": None, "feedback": None})
             row.update({f"{name}_{kind}": speed for name, speed in speeds.items()})
         for kind in ("at_context", "from_empty"):

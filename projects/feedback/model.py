@@ -187,15 +187,22 @@ class Decoder:
     log-sum-exp of their position scores, exactly their share of the softmax. So step n reads n + 1 keys and
     values, not tau; the position scores (q against the (tau, D) table shared by every row and head) are computed
     for all places. Every buffer is allocated here; a step's attention writes into views of them. Weights are
-    read once, at the start."""
+    read once, at the start.
+
+    Once the ring is full every step has the same shapes: `full_ring_step` computes it from device state alone (the
+    tokens in a buffer, the oldest slot as a tensor), so that its operations can be captured once and replayed.
+    cuda_graph=True (CUDA only; off by default: not yet run on a GPU) captures it in a CUDA graph at the first
+    full-ring step and replays it after; on the CPU a test records its operations once and replays them."""
 
     @torch.no_grad()
-    def __init__(self, model: Model, state: torch.Tensor | None = None, batch: int = 1):
+    def __init__(self, model: Model, state: torch.Tensor | None = None, batch: int = 1, cuda_graph: bool = False):
         cfg = model.cfg
         device, dtype = model.pos.device, model.kv.weight.dtype
         if state is not None and state.shape != (batch, cfg.mem_len, cfg.d_model):
             raise ValueError(f"state must be (batch, mem_len, d_model) = {(batch, cfg.mem_len, cfg.d_model)}, "
                              f"got {tuple(state.shape)}")
+        if cuda_graph and device.type != "cuda":
+            raise ValueError(f"cuda_graph needs the model on a CUDA device, not {device.type}")
         self.model, self.steps = model, 0
         self.weights = w = model.segment_weights(model.mix(), model.compute_dtype(device))
         H, D, L, tau, d = cfg.n_heads, cfg.d_head, cfg.n_layers, cfg.mem_len, cfg.d_model
@@ -227,6 +234,18 @@ class Decoder:
         self.hs = torch.empty(L, batch, d, device=device, dtype=dtype)
         self.qs, self.ys = (torch.empty(L, batch, H, D, device=device, dtype=w.cdt) for _ in range(2))
         self.fs = torch.empty(L, batch, cfg.mlp_ratio * d, device=device, dtype=w.cdt)
+        # the full ring's step from device state: its tokens, the oldest slot (read, then written), the rows of the
+        # doubled position table of ring slots 0 .. tau-1 (tau + s - oldest) gathered by index, the head's weight
+        # in the compute dtype (the step casts for itself, as autocast would)
+        self.tokens = torch.zeros(batch, device=device, dtype=torch.long)
+        self.oldest = torch.zeros(1, device=device, dtype=torch.long)
+        self.written_slot = torch.zeros(1, device=device, dtype=torch.long)
+        self.slots = torch.arange(tau, device=device)
+        self.rows = torch.empty(tau, device=device, dtype=torch.long)
+        self.positions = torch.empty(tau, D, device=device, dtype=acc)
+        self.head_w = model.head.weight.to(w.cdt)
+        self.static = False  # full_ring_step running: attend reads self.positions
+        self.cuda_graph, self.graph, self.graph_logits = cuda_graph, None, None
 
     def attend(self, l: int, q: torch.Tensor, y: torch.Tensor) -> None:
         """y (B, H, D) <- the attention of q (B, H, D) over the written slots and, until the ring is full, the
@@ -238,7 +257,8 @@ class Decoder:
             qs = torch.mul(q.view(self.q.shape), self.weights.scale, out=self.q)
         else:  # bf16 products: the attention in fp32, as the forward's
             qs = self.q.copy_(q.view(self.q.shape)).mul_(self.weights.scale)
-        torch.mm(qs.view(rows, -1), self.pos[tau - start:2 * tau - start].t(), out=self.bias[:, 1:])
+        positions = self.positions if self.static else self.pos[tau - start:2 * tau - start]
+        torch.mm(qs.view(rows, -1), positions.t(), out=self.bias[:, 1:])
         first = 1 if n == tau else 0  # the extra slot only while some place is empty
         if not first:
             torch.logsumexp(self.bias[:, 1 + n:], dim=-1, keepdim=True, out=self.bias[:, :1])
@@ -255,6 +275,8 @@ class Decoder:
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (batch,) -> logits (batch, vocab) of the next token."""
+        if self.cuda_graph and self.written == self.model.cfg.mem_len:
+            return self.replayed_step(tokens)
         self.xs[0] = self.model.embed(tokens)
         slot = self.steps % self.model.cfg.mem_len
         with torch.autocast(tokens.device.type, enabled=False):
@@ -264,3 +286,46 @@ class Decoder:
         self.written = min(self.written + 1, self.model.cfg.mem_len)
         self.steps += 1
         return self.model.head(self.model.ln_f(self.xs[-1]))
+
+    def start_full_ring(self) -> None:
+        """Before the first full_ring_step: the oldest slot as a tensor (the steps advance it on the device)."""
+        if self.written != self.model.cfg.mem_len:
+            raise RuntimeError(f"the ring holds {self.written} of {self.model.cfg.mem_len} slots: not full")
+        self.oldest.fill_(self.steps % self.model.cfg.mem_len)
+
+    @torch.no_grad()
+    def full_ring_step(self) -> torch.Tensor:
+        """One step of a full ring for the tokens in self.tokens, the oldest slot in self.oldest (start_full_ring
+        first): every operation and argument the same at every call, nothing read back to the host, so a CUDA graph
+        can replay it. Returns the logits (batch, vocab) in the compute dtype; advances self.oldest, not the
+        Python-side counters (the caller's)."""
+        model, tau = self.model, self.model.cfg.mem_len
+        torch.add(self.slots, tau, out=self.rows).sub_(self.oldest)
+        torch.index_select(self.pos, 0, self.rows, out=self.positions)
+        self.static = True
+        try:
+            with torch.autocast(self.tokens.device.type, enabled=False):
+                self.xs[0] = model.embed(self.tokens)
+                kv = segment.step_forward(self.weights, self.attend, self.xs, self.m, self.hs, self.qs, self.ys,
+                                          self.fs)
+                torch.add(self.oldest, 1, out=self.written_slot)
+                self.kv.index_copy_(3, self.written_slot, kv.transpose(0, 1).unsqueeze(3).to(self.kv.dtype))
+                self.oldest.add_(1).remainder_(tau)
+                return F.linear(model.ln_f(self.xs[-1]).to(self.head_w.dtype), self.head_w)
+        finally:
+            self.static = False
+
+    def replayed_step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """A full ring's step from its CUDA graph: captured at the first call (after one eager run on a side stream,
+        which is this call's step), replayed after."""
+        self.tokens.copy_(tokens)
+        if self.graph is None:
+            self.start_full_ring()
+            outputs = []
+            self.graph = segment.capture(lambda: outputs.append(self.full_ring_step()))
+            logits, self.graph_logits = outputs
+        else:
+            self.graph.replay()
+            logits = self.graph_logits.clone()
+        self.steps += 1
+        return logits

@@ -27,10 +27,6 @@ import torch.nn.functional as F
 LAYER_FIELDS = ("ln1_w", "ln1_b", "q_w", "q_b", "o_w", "o_b", "ln2_w", "ln2_b", "fc_w", "fc_b", "proj_w", "proj_b")
 SHARED_FIELDS = ("pos", "mem_w", "mem_b", "kv_w", "kv_b")
 EPS = 1e-5  # nn.LayerNorm's
-# from this many layers on, the reference's backward adds a step's key and value gradients of all layers in one pass
-# over the window (one batched product per buffer) instead of one pass per layer: on the 2-core CPU (cpu config,
-# batch 16, 1 thread) the backward took 0.84x the time at 6 layers, 1.04x at 2 (batch 64: 1.07x)
-ONE_PASS_MIN_LAYERS = 3
 
 
 class Layer(NamedTuple):
@@ -183,11 +179,13 @@ def backward_segment(w: Weights, ops, saved: Saved, d_out: torch.Tensor):
     dX0 = xs.new_empty(T, B, d)
     dM = xs.new_empty(T, B, d)  # of m_t
     dpos = torch.zeros(tau, D, device=xs.device, dtype=acc)
-    # the reference adds the key and value gradients of a step's L queries in one pass over the window (the
-    # kernel adds them per layer, inside its launch)
-    per_step = hasattr(ops, "add_window_gradients") and L >= ONE_PASS_MIN_LAYERS
+    # from ops.ONE_PASS_MIN_LAYERS layers on, the key and value gradients of a step's L queries are added in one
+    # pass over the window (ops.add_window_gradients) instead of one per layer, inside each attention's backward
+    per_step = L >= ops.ONE_PASS_MIN_LAYERS
     dS = xs.new_empty(L, B, H, tau, dtype=acc)  # score gradients of step t's layers
     dY = xs.new_empty(L, B, H, D, dtype=cdt)  # attention output gradients of step t's layers
+    # their weights, where the forward kept only what recomputes them (the kernel's log-sum-exp)
+    dP = xs.new_empty(L, B, H, tau, dtype=acc) if per_step and not ops.KEEPS_WEIGHTS else None
     d_top = d_out.transpose(0, 1)
     pi = w.mix.view(L1, 1, 1)
     for t in reversed(range(T)):
@@ -206,14 +204,14 @@ def backward_segment(w: Weights, ops, saved: Saved, d_out: torch.Tensor):
             dh = torch.add(dx, layer_norm_backward(dc, hs[t, l], mean2[t, l], rstd2[t, l], lw.ln2_w, lw.ln2_b),
                            out=dH[t, l])
             dy = torch.mm(dh.to(cdt), lw.o_w, out=dY[l].view(B, inner))
-            dS[l] = ops.attend_backward(qs[t, l], kv[0], kv[1], w.shared.pos, t, w.scale, ys[t, l], attn[t, l],
-                                        dy.view(B, H, D), None if per_step else dkv[0], None if per_step else dkv[1],
-                                        dQ[t, l])
+            ops.attend_backward(qs[t, l], kv[0], kv[1], w.shared.pos, t, w.scale, ys[t, l], attn[t, l],
+                                dy.view(B, H, D), None if per_step else dkv[0], None if per_step else dkv[1],
+                                dQ[t, l], dS[l], None if dP is None else dP[l])
             da = torch.mm(dQ[t, l].view(B, inner), lw.q_w, out=dA[t, l])
             dx = torch.add(dh, layer_norm_backward(da, xs[t, l], mean1[t, l], rstd1[t, l], lw.ln1_w, lw.ln1_b))
             dx = torch.add(dx, d_mix[l], out=dX[t, l - 1] if l else dX0[t])
         if per_step:
-            ops.add_window_gradients(qs[t], dS, attn[t], dY, dkv[0], dkv[1], t)
+            ops.add_window_gradients(qs[t], dS, attn[t] if dP is None else dP, dY, dkv[0], dkv[1], t)
         dpos.addmm_(dS.view(L * B * H, tau).t(), qs[t].reshape(L * B * H, D).to(acc))
 
     dpi = torch.einsum("tbd,tlbd->l", dM, xs)

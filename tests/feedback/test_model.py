@@ -8,8 +8,11 @@ import dataclasses
 
 import pytest
 import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from projects.feedback import configs, segment
+from projects.feedback import configs
+from projects.feedback.ops.window_attention import naive
 from projects.feedback.model import Decoder, Model
 from tests.feedback import brute_force
 
@@ -68,21 +71,26 @@ def test_fast_path_matches_brute_force(memory, T, tau):
 
 
 def test_fast_path_of_three_layers_matches_brute_force():
-    """From segment.ONE_PASS_MIN_LAYERS layers on, the backward adds a step's key and value gradients in one pass."""
-    cfg = small(mem_len=4, n_layers=segment.ONE_PASS_MIN_LAYERS, attention_impl="naive")
+    """From naive.ONE_PASS_MIN_LAYERS layers on, the backward adds a step's key and value gradients in one pass."""
+    assert naive.ONE_PASS_MIN_LAYERS == 3
+    cfg = small(mem_len=4, n_layers=naive.ONE_PASS_MIN_LAYERS, attention_impl="naive")
     assert_matches_brute_force(*model_and_inputs(cfg, 7), tol=1e-9)
 
 
-def test_kernel_path_matches_brute_force(device):
+# 1 layer: the kernel's backward adds the window's key and value gradients per layer; from
+# triton.ONE_PASS_MIN_LAYERS = 2 on, it writes the weights and one launch per step adds all layers' (odd batch at 3)
+@pytest.mark.parametrize("n_layers,batch,T", [(1, 2, 6), (2, 2, 6), (3, 3, 4)],
+                         ids=["1-layer", "2-layers", "3-layers-batch-3"])
+def test_kernel_path_matches_brute_force(n_layers, batch, T, device):
     """The model through the Triton kernel in fp32 (on the test device) against the brute force in float64."""
-    cfg = small(mem_len=3, n_heads=2, d_head=5, attention_impl="triton")
-    model, tokens, memory, upstream = model_and_inputs(cfg, 6, dtype=torch.float32)
+    cfg = small(mem_len=3, n_heads=2, d_head=5, n_layers=n_layers, attention_impl="triton")
+    model, tokens, memory, upstream = model_and_inputs(cfg, T, batch=batch, dtype=torch.float32)
     got = outputs_and_grads(model.to(device), lambda: model(tokens.to(device), memory.to(device)),
                             upstream.to(device))
     model.cpu().double()
     want = outputs_and_grads(model, lambda: brute_force.logits_and_memory(model, tokens, memory.double()),
                              upstream.double())
-    # fp32 through 2 layers and 6 recurrent steps of O(1) activations
+    # fp32 through 1-3 layers and 4-6 recurrent steps of O(1) activations
     for name, a, b in (("logits", got[0], want[0]), ("memory", got[1], want[1])):
         torch.testing.assert_close(a.cpu().double(), b, rtol=2e-4, atol=2e-4, msg=lambda m: f"{name}: {m}")
     for name, grad in want[2].items():
@@ -191,6 +199,88 @@ def test_decoding_token_by_token_matches_the_forward(dtype, start):
         with torch.no_grad():
             plain, _ = brute_force.logits_and_memory(model, tokens, memory)
         torch.testing.assert_close(got, plain, rtol=1e-10, atol=1e-10)
+
+
+class Replay(TorchDispatchMode):
+    """What a CUDA graph does with a captured function, on the CPU: records each operation with its arguments while
+    it runs once (`with Replay() as r`), then `r.replay()` runs the same operations with the same arguments again,
+    on the same tensors (an operation's fresh outputs replaced by its fresh outputs of this replay). A function
+    whose work depended on a Python value that changes per call would replay its first call's work."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.calls.append((func, args, kwargs or {}, out))
+        return out
+
+    def replay(self):
+        fresh = {}  # id of a tensor the recording made -> this replay's
+
+        def now(x):
+            return fresh.get(id(x), x) if isinstance(x, torch.Tensor) else x
+
+        for func, args, kwargs, out in self.calls:
+            result = func(*pytree.tree_map(now, args), **pytree.tree_map(now, kwargs))
+            for recorded, replayed in zip(pytree.tree_leaves(out), pytree.tree_leaves(result)):
+                if isinstance(recorded, torch.Tensor):
+                    fresh[id(recorded)] = replayed
+        return fresh
+
+
+def test_full_ring_step_replayed_as_recorded_equals_decoding():
+    """Decoder.full_ring_step, what cuda_graph=True captures on a GPU: recorded once on the CPU and replayed as
+    recorded (Replay) for 10 more tokens while the ring of 4 wraps twice and a half, its logits and every layer's
+    output equal the plain decoder's, and it reads nothing back to the host (which a graph cannot). Position rows
+    taken as the plain step's Python slice, or the slot written by a Python index, on purpose fail it."""
+    cfg = small(mem_len=4)
+    model, tokens, memory, _ = model_and_inputs(cfg, 11, dtype=torch.float32)
+    with torch.no_grad():
+        plain = Decoder(model, memory, batch=tokens.shape[0])
+        want = [(plain.step(tokens[:, t]), plain.xs.clone()) for t in range(tokens.shape[1])]
+        static = Decoder(model, memory, batch=tokens.shape[0])
+        static.start_full_ring()
+        static.tokens.copy_(tokens[:, 0])
+        with Replay() as recorded:
+            first = static.full_ring_step()
+        got = [(first.clone(), static.xs.clone())]
+        for t in range(1, tokens.shape[1]):
+            static.tokens.copy_(tokens[:, t])
+            got.append((recorded.replay()[id(first)].clone(), static.xs.clone()))
+    assert not [c for c in recorded.calls if c[0] in (torch.ops.aten._local_scalar_dense.default,
+                                                      torch.ops.aten.item.default)]
+    assert static.oldest.item() == tokens.shape[1] % cfg.mem_len
+    # the same fp32 operations on the same values in both (equal here to the last bit); the wrong position rows or
+    # slot move the logits by 3e-4 and the layers' outputs by 1.5e-3 to 3e-3 at this model's small initial weights
+    for t, ((got_logits, got_xs), (want_logits, want_xs)) in enumerate(zip(got, want)):
+        for name, a, b in (("logits", got_logits, want_logits), ("layer outputs", got_xs, want_xs)):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=lambda m: f"token {t}, {name}: {m}")
+
+
+def test_full_ring_step_refuses_a_ring_not_full_and_graphs_need_cuda():
+    model = Model(small(mem_len=4))
+    with pytest.raises(RuntimeError, match="holds 0 of 4 slots"):
+        Decoder(model).start_full_ring()
+    with pytest.raises(ValueError, match="cuda_graph needs the model on a CUDA device"):
+        Decoder(model, cuda_graph=True)
+
+
+def test_decoder_cuda_graph_equals_plain_decoding(device):
+    """On a GPU: Decoder(cuda_graph=True) from an empty ring (eager until full, then captured and replayed) against
+    the plain decoder, 11 tokens with a ring of 4."""
+    if device.type != "cuda":
+        pytest.skip("CUDA graphs need a GPU (LANGUINI_TEST_DEVICE=cuda)")
+    cfg = small(mem_len=4)
+    model, tokens, _, _ = model_and_inputs(cfg, 11, dtype=torch.float32)
+    model, tokens = model.to(device), tokens.to(device)
+    with torch.no_grad():
+        decoders = [Decoder(model, batch=tokens.shape[0], cuda_graph=graph) for graph in (False, True)]
+        for t in range(tokens.shape[1]):
+            want, got = (d.step(tokens[:, t]) for d in decoders)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=lambda m: f"token {t}: {m}")
+    assert decoders[1].graph is not None
 
 
 def test_bad_configs_and_states_are_refused():

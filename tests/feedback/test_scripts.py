@@ -59,6 +59,18 @@ def test_generation_bench_prints_both_models_at_each_context(capsys, single_thre
     assert (tmp_path / "g.csv").read_text().count("\n") == 5
 
 
+def test_generation_bench_with_the_decoders_cuda_graph(single_thread):
+    """--cuda_graph: refused without a GPU; on one, the full ring's steps replayed from the graph."""
+    argv = ["--config", "cpu", "--contexts", "6", "--streams", "2", "--tokens", "3", "--repeats", "1", "--cuda_graph",
+            "true"]
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="--cuda_graph needs a CUDA device"):
+            bench_generation.main(argv)
+        return
+    (row,) = bench_generation.main(argv)
+    assert all(row[k] > 0 for k in bench_generation.COLUMNS)
+
+
 def test_walks_against_a_hand_worked_walk():
     tokens, cells, mask, vocab = tasks.random_walk(1, 6, 3, torch.Generator().manual_seed(0))
     # 3 x 3 grid: start cell 8 = (2, 2); west to (2, 1) = 7; south into the wall, still 7; north to (1, 1) = 4; west

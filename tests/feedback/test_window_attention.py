@@ -143,3 +143,73 @@ def test_forward_without_a_backward_keeps_nothing_and_gives_the_same_output(impl
     want = brute_force(q.cpu().double(), k_buf.cpu().double(), v_buf.cpu().double(), pos.cpu().double(), start,
                        D ** -0.5)
     torch.testing.assert_close(alone.cpu().double(), want, rtol=1e-5, atol=1e-5)
+
+
+ONE_PASS_CASES = [  # N queries over one window (the layers of a step), B, H, S, D, tau, start
+    pytest.param(1, 3, 2, 12, 5, 7, 4, id="one-query-odd-sizes"),
+    pytest.param(2, 1, 3, 45, 8, 37, 6, id="two-queries-odd-tau-two-blocks"),
+    pytest.param(3, 5, 1, 9, 6, 3, 5, id="three-queries-odd-batch-window-at-the-end"),
+]
+
+
+@pytest.mark.parametrize("impl", ["naive", "triton"])
+@pytest.mark.parametrize("N,B,H,S,D,tau,start", ONE_PASS_CASES)
+def test_one_pass_over_the_window_equals_one_pass_per_query(impl, N, B, H, S, D, tau, start, device):
+    """The segment's backward from ONE_PASS_MIN_LAYERS layers on: each query's attend_backward leaves the window to
+    add_window_gradients, which adds all N queries' key and value gradients at once, against the reference's
+    backward of each query alone adding into the buffers (float64): dq, the score gradients (pos's), the weights
+    and the buffers, which held random values before."""
+    from projects.feedback.ops.window_attention import implementation
+
+    device = device if impl == "triton" else torch.device("cpu")
+    ops = implementation(impl, device)
+    dtype = torch.float64 if impl == "naive" else torch.float32
+    g = torch.Generator().manual_seed(7 * N + S)
+    q, dy = torch.randn(2, N, B, H, D, generator=g, dtype=torch.float64)
+    k_buf, v_buf, held_k, held_v = torch.randn(4, B, H, S, D, generator=g, dtype=torch.float64)
+    pos = torch.randn(tau, D, generator=g, dtype=torch.float64)
+    scale = D ** -0.5
+
+    want_k, want_v = held_k.clone(), held_v.clone()
+    want_dq, want_dscore, want_p = [], [], []
+    for n in range(N):
+        y, p = torch.empty(B, H, D, dtype=torch.float64), torch.empty(B, H, tau, dtype=torch.float64)
+        naive.attend(q[n], k_buf, v_buf, pos, start, scale, y, p)
+        dq = torch.empty_like(y)
+        want_dscore.append(naive.attend_backward(q[n], k_buf, v_buf, pos, start, scale, y, p, dy[n], want_k, want_v,
+                                                 dq))
+        want_dq.append(dq)
+        want_p.append(p)
+
+    on = [t.to(device, dtype) for t in (q, dy, k_buf, v_buf, pos)]
+    qd, dyd, kd, vd, posd = on
+    acc = naive.accumulation_dtype(qd)
+    got_k, got_v = held_k.to(device, acc, copy=True), held_v.to(device, acc, copy=True)
+    dscore, weights = (torch.empty(N, B, H, tau, device=device, dtype=acc) for _ in range(2))
+    dqs = torch.empty(N, B, H, D, device=device, dtype=dtype)
+    saved = torch.empty(N, *ops.saved_shape(B, H, tau), device=device, dtype=acc)
+    for n in range(N):
+        y = torch.empty(B, H, D, device=device, dtype=dtype)
+        ops.attend(qd[n], kd, vd, posd, start, scale, y, saved[n])
+        ops.attend_backward(qd[n], kd, vd, posd, start, scale, y, saved[n], dyd[n], None, None, dqs[n], dscore[n],
+                            weights[n])
+    ops.add_window_gradients(qd, dscore, weights, dyd, got_k, got_v, start)
+    # float64: sums in another order; fp32: sums of O(1) terms over <= 37 slots x 8 features and 3 queries
+    tol = 1e-10 if dtype == torch.float64 else 1e-4
+    for name, got, want in (("dq", dqs, torch.stack(want_dq)), ("dscore", dscore, torch.stack(want_dscore)),
+                            ("weights", weights, torch.stack(want_p)), ("dk", got_k, want_k), ("dv", got_v, want_v)):
+        torch.testing.assert_close(got.cpu().double(), want, rtol=tol, atol=tol, msg=lambda m: f"{name}: {m}")
+    for got, held in ((got_k, held_k), (got_v, held_v)):  # every slot of the window got something
+        assert (got.cpu().double() - held)[:, :, start:start + tau].abs().amin(dim=-1).min() > 0
+
+
+def test_one_pass_refuses_a_window_that_wraps(device):
+    from projects.feedback.ops.window_attention import implementation
+
+    for impl in ("naive", "triton"):
+        dev = device if impl == "triton" else torch.device("cpu")
+        buffers = torch.zeros(2, 1, 1, 5, 4, device=dev)
+        with pytest.raises(ValueError, match="wraps a buffer of 5 slots"):
+            implementation(impl, dev).add_window_gradients(
+                torch.zeros(2, 1, 1, 4, device=dev), torch.zeros(2, 1, 1, 3, device=dev),
+                torch.zeros(2, 1, 1, 3, device=dev), torch.zeros(2, 1, 1, 4, device=dev), *buffers, 3)
