@@ -5,11 +5,11 @@ shared by all layers: one key/value projection and one cache instead of L).
     python projects/feedback/bench_generation.py --config cpu --contexts 128 256 512 1024 2048 --streams 1 16 \
         --threads 1 --clock process --repeats 5
 
-For each context C: the Feedback Transformer with a memory of tau = C steps and the GPT (projects/gpt's, copied in
-gpt_baseline.py) with a cache and position table of C positions, both with the config's width, depth and heads and
-fresh random weights, in the run's precision; --streams sequences generated at once. Two measurements per
-model, each after an untimed run of --tokens steps, every run with a fresh decoder, the two models' runs
-alternating (a shared machine's load falls on both):
+For each context C: the Feedback Transformer with a memory of tau = C steps and the GPT (projects/gpt's, from
+languini/transformer.py in gpt_baseline.py) with a cache and position table of C positions, both with the config's
+width, depth and heads and fresh random weights, in the run's precision; --streams sequences generated at once.
+Two measurements per model, each after an untimed run of --tokens steps, every run with a fresh decoder, the two
+models' runs alternating (a shared machine's load falls on both):
 - **at C**: tokens/s of --tokens steps at positions C - tokens .. C - 1: the GPT's cache holds nearly C positions
   (random keys and values: the time does not depend on them), the Feedback Transformer's ring is full (a random
   carried memory of tau vectors). The median of --repeats runs.
