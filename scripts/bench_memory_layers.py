@@ -12,6 +12,9 @@ Times these layers on random tokens x [1, tokens, w]:
   query width 128), n_keys (n_keys^2 experts of 2 w parameters) chosen to hit each target; the same product-key
   search (--pkm_search applies to it too) and its expert kernels. Its tables have no value-gradient variants (no
   reverse-index column); its sparse step makes both expert tables row-sparse.
+- UltraMemV2: projects.ultramem_gpt UltraMemV2 with that project's defaults (Tucker rank 2, knn 32, k_dim and
+  value_dim w / 4), n_keys (n_keys^2 values and pre-values of w / 4 each) chosen to hit each target; its own
+  search (the candidate grid's top-k kernel) and value kernels; its sparse step makes both value tables row-sparse.
 A memory size is used for a target when the layer's total parameter count is within half an octave
 (a factor sqrt(2)) of it; targets a width cannot reach are listed after the table.
 
@@ -71,6 +74,7 @@ from projects.lram_gpt.memory import LRAMBlock, theta
 from projects.lram_gpt.ops.lookup.naive import interpolate, torus_query
 from projects.peer_gpt.peer import PAPER_PEER, PEER
 from projects.pkm_gpt.pkm import LRAM_PAPER_PKM, ProductKeyMemory
+from projects.ultramem_gpt.ultramem import UltraMemV2
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import report_memory_layers  # noqa: E402  (a sibling script, not a package)
@@ -130,8 +134,12 @@ def peer(width, n_keys, use_triton=None, triton_search=None, sparse_values=False
                 use_triton=use_triton, sparse_experts=sparse_values, triton_search=triton_search)
 
 
-# One entry per layer kind; a new memory layer (UltraMemV2's, say) is one more entry: its build function as above,
-# its sizes (ascending, the parameter count rising with them) and label, and which of the options it has.
+def ultramem(width, n_keys, use_triton=None, sparse_values=False):
+    return UltraMemV2(width, n_keys=n_keys, use_triton=use_triton, sparse_values=sparse_values)
+
+
+# One entry per layer kind; a new memory layer is one more entry: its build function as above, its sizes (ascending,
+# the parameter count rising with them) and label, and which of the options it has.
 LAYERS = {
     "dense": Layer("dense MLP", dense_mlp),
     "lram": Layer("LRAM", lram, sizes=tuple(2**e for e in range(8, 41)),
@@ -140,6 +148,7 @@ LAYERS = {
                  product_key_search=True),
     "peer": Layer("PEER", peer, sizes=range(PAPER_PEER.knn, 2**15), size_label=lambda n: f"n_keys={n}",
                   product_key_search=True, tables=lambda layer: layer.expert_parameters()),
+    "ultramem": Layer("UltraMemV2", ultramem, sizes=range(32, 2**15), size_label=lambda n: f"n_keys={n}"),
 }
 
 

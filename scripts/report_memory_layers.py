@@ -35,10 +35,10 @@ DEFAULT_RATIOS_AT = "2^24,2^28"
 DEFAULT_FLAT_RANGE = "2^16..2^28"
 # The memory layers timed against LRAM at the --ratios_at targets (each layer's name in the CSV); a layer added to the
 # benchmark's LAYERS gets its facts by its name here and a line style in PLOT_STYLES.
-AGAINST_LRAM = ("PKM", "PEER")
+AGAINST_LRAM = ("PKM", "PEER", "UltraMemV2")
 PLOT_STYLES = {"dense MLP": dict(marker="*", markersize=10, linestyle="none"),
                "LRAM": dict(marker="o", linestyle="-"), "PKM": dict(marker="s", linestyle="--"),
-               "PEER": dict(marker="^", linestyle=":")}
+               "PEER": dict(marker="^", linestyle=":"), "UltraMemV2": dict(marker="D", linestyle="-.")}
 
 # ---------------------------------------------------------------- the CSV
 

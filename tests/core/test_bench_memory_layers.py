@@ -31,6 +31,10 @@ def bench():
 #   sub-keys 2*n*64, experts 2 * n^2 * 32, so 35840 + 128 n + 64 n^2: for 2^16, n = 20 gives 64000 (2^-0.034 off)
 #   and n = 21 66752 (2^0.027); for 2^17, n = 37 gives 128192 (2^-0.032) and n = 38 133120 (2^0.022); the smallest,
 #   n = knn = 16, 54272 = 2^15.73, more than half an octave above 2^15.
+# UltraMemV2 (k_dim = value_dim = 32/4 = 8, rank 2; no biases): query 32*16, its norm 2*8, keys 2*2*n*8, their norm
+#   2*8, core 2*2, pre-value map 32*8, pre-values and values 2 * n^2*8, output map 8*32, so 1060 + 32 n + 16 n^2:
+#   for 2^15, n = 43 gives 32020 (2^-0.033) and n = 44 33444 (2^0.029); for 2^16, n = 62 64548 (2^-0.022) and
+#   n = 63 66580 (2^0.023); for 2^17, n = 89 130644 (2^-0.005).
 @pytest.mark.parametrize("layer, width, target, size, params", [
     ("dense", 32, None, None, 8352),
     ("lram", 32, 2**15, 2**9, 5248 + 64 * 2**9),
@@ -40,6 +44,9 @@ def bench():
     ("peer", 32, 2**16, 21, 66752),
     ("peer", 32, 2**17, 38, 133120),
     ("peer", 32, None, 16, 54272),
+    ("ultramem", 32, 2**15, 44, 33444),
+    ("ultramem", 32, 2**16, 62, 64548),
+    ("ultramem", 32, 2**17, 89, 130644),
     # w = 2048: LRAM's dense weights 2048*2048 + 2048 + 2*2048 + 8192*2048 + 2048 = 20979712, N = 256 adds 16384:
     # 2^24.32, within half an octave of 2^24
     ("lram", 2048, 2**24, 256, 20979712 + 64 * 256),
@@ -95,7 +102,8 @@ def test_cpu_smoke_run_writes_report_csv_and_png(bench, tmp_path, capsys):
     assert "--widths 32" in rows[0]["command"] and rows[0]["date"]
     assert [(r["layer"], int(r["params"])) for r in rows] == [
         ("dense MLP", 8352), ("LRAM", 5248 + 64 * 2**9), ("LRAM", 5248 + 64 * 2**10), ("LRAM", 5248 + 64 * 2**11),
-        ("PKM", 67072), ("PKM", 131072), ("PEER", 66752), ("PEER", 133120)]
+        ("PKM", 67072), ("PKM", 131072), ("PEER", 66752), ("PEER", 133120),
+        ("UltraMemV2", 33444), ("UltraMemV2", 64548), ("UltraMemV2", 130644)]
     for r in rows:
         assert r["status"] == "ok"
         for column in ("fwd_us_per_token", "fwd_bwd_us_per_token", "step_adam_us_per_token"):

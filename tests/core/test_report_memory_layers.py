@@ -35,6 +35,7 @@ def write_csv(path, rows):
 #         at 2^28: 1.5 / 0.6 = 2.50 and 7.5 / 1.5 = 5.00.
 #         PEER / LRAM at 2^24: 1.1 / 0.55 = 2.00, 2.4 / 1.2 = 2.00; against the dense MLP (0.04, 0.1) at 2^24:
 #         LRAM 0.55 / 0.04 = 13.75, 1.2 / 0.1 = 12.00; PKM 16.50, 36.00; PEER 27.50, 24.00.
+#         UltraMemV2 / LRAM at 2^24: 0.88 / 0.55 = 1.60, 3.0 / 1.2 = 2.50; against the dense MLP 22.00, 30.00.
 #         LRAM over the targets 2^20, 2^24, 2^28 (2^30 lies outside 2^16..2^28): 0.60 / 0.50 = 1.20
 #         (with 2^30's 0.8 it would be 1.60); largest memory (2^30) reads 670 GB/s = 0.20 of 3350.
 #         dense / slowest LRAM (every size, 2^30's too): 0.04 / 0.8 = 0.05.
@@ -50,6 +51,7 @@ ROWS = [
     ("PKM", 512, "n_keys=179", 2**24, 2**24, 0.66, 3.6, ""),
     ("PKM", 512, "n_keys=723", 2**28, 2**28, 1.5, 7.5, ""),
     ("PEER", 512, "n_keys=128", 2**24, 2**24, 1.1, 2.4, ""),
+    ("UltraMemV2", 512, "n_keys=256", 2**24, 2**24, 0.88, 3.0, ""),
     ("dense MLP", 4096, "-", 2**27, "", 4.0, 12, ""),
     ("LRAM", 4096, "N=2^21", 2**28, 2**28, 2.0, 6, ""),
     ("dense MLP", 8192, "-", 2**29, "", 16.0, 48, ""),
@@ -62,9 +64,9 @@ def test_facts_match_hand_computed_ratios(report, tmp_path):
     assert run.hbm_gbps == 3350 and run.meta["precision"] == "bf16" and len(run.results) == len(ROWS)
     assert run.results[1].fwd == pytest.approx(0.5e-6) and run.results[1].lookup_no_torus is None
     lines = report.facts(run.results, run.hbm_gbps)
-    pkm_24, peer_24, lram_dense_24, pkm_dense_24, peer_dense_24 = lines[:5]
-    pkm_28, peer_28 = lines[5:7]
-    flat, hbm, dense, beaten, crossover = lines[10:]
+    pkm_24, peer_24, ultramem_24, lram_dense_24, pkm_dense_24, peer_dense_24, ultramem_dense_24 = lines[:7]
+    pkm_28, peer_28, ultramem_28 = lines[7:10]
+    flat, hbm, dense, beaten, crossover = lines[14:]
     assert pkm_24.startswith("- PKM / LRAM time at 2^24.0")
     assert pkm_24.endswith("2^24.0 parameters: w=512: forward 1.20 (0.66 vs 0.55 µs), "
                            "forward + backward 3.00 (3.6 vs 1.2 µs)")
@@ -73,10 +75,14 @@ def test_facts_match_hand_computed_ratios(report, tmp_path):
     assert peer_24.startswith("- PEER / LRAM time at 2^24.0")
     assert peer_24.endswith("w=512: forward 2.00 (1.1 vs 0.55 µs), forward + backward 2.00 (2.4 vs 1.2 µs)")
     assert peer_28.endswith("2^28.0 parameters: -")  # no PEER at 2^28
+    assert ultramem_24.startswith("- UltraMemV2 / LRAM time at 2^24.0")
+    assert ultramem_24.endswith("w=512: forward 1.60 (0.88 vs 0.55 µs), forward + backward 2.50 (3 vs 1.2 µs)")
+    assert ultramem_28.endswith("2^28.0 parameters: -")
     assert lram_dense_24.startswith("- LRAM / dense MLP time at 2^24.0")
     assert lram_dense_24.endswith("w=512: forward 13.75 (0.55 vs 0.04 µs), forward + backward 12.00 (1.2 vs 0.1 µs)")
     assert pkm_dense_24.endswith("forward 16.50 (0.66 vs 0.04 µs), forward + backward 36.00 (3.6 vs 0.1 µs)")
     assert peer_dense_24.endswith("forward 27.50 (1.1 vs 0.04 µs), forward + backward 24.00 (2.4 vs 0.1 µs)")
+    assert ultramem_dense_24.endswith("forward 22.00 (0.88 vs 0.04 µs), forward + backward 30.00 (3 vs 0.1 µs)")
     assert flat.endswith("w=512 (3 sizes, 2^20.0..2^28.0): 1.20")  # one size at 4096 and 8192: no ratio
     assert hbm.endswith("w=512 N=2^24: 0.20 (670 of 3350 GB/s)")
     assert dense.endswith("w=512: 0.05 (0.04 vs 0.8 µs); w=4096: 2.00 (4 vs 2 µs); w=8192: 5.00 (16 vs 3.2 µs)")
@@ -90,8 +96,8 @@ def test_facts_at_other_sizes_and_where_lram_loses_again(report, tmp_path):
     run = report.read_csv(write_csv(tmp_path / "hand.csv", rows))
     lines = report.facts(run.results, run.hbm_gbps, ratios_at=[2**20], flat_range=(2**16, 2**30))
     assert lines[0].endswith("2^20.0 parameters: -")  # no PKM at 2^20
-    assert lines[5].endswith("w=512 (4 sizes, 2^20.0..2^30.0): 1.60")  # 0.8 / 0.5
-    assert lines[8].endswith("at no width measured")  # faster at 4096, slower at 8192 (2.0 / 3.2)
+    assert lines[7].endswith("w=512 (4 sizes, 2^20.0..2^30.0): 1.60")  # 0.8 / 0.5
+    assert lines[10].endswith("at no width measured")  # faster at 4096, slower at 8192 (2.0 / 3.2)
 
 
 def test_report_has_tables_notes_and_no_verdicts(report, tmp_path):
