@@ -72,8 +72,8 @@ kernel_tests() {  # compiling the kernels takes most of the time and runs on the
     # every test file with a kernel or a CUDA path (those taking the `device` fixture)
     env -u TRITON_INTERPRET LANGUINI_TEST_DEVICE=cuda python -m pytest tests/lram_gpt tests/pkm_gpt tests/qlstm \
         tests/sam/test_topk.py tests/sam/test_device.py tests/switch_gpt/test_moe.py tests/compressive/test_rel_attention.py \
-        tests/feedback/test_window_attention.py tests/feedback/test_model.py \
-        "${parallel[@]}" -q -p no:cacheprovider --durations=15 --junitxml="$OUT/tests.xml"
+        tests/feedback/test_window_attention.py tests/feedback/test_model.py tests/peer_gpt tests/ultramem_gpt \
+        tests/core/test_product_keys.py tests/core/test_peer_experts.py "${parallel[@]}" -q -p no:cacheprovider --durations=15 --junitxml="$OUT/tests.xml"
 }
 
 throughput_sweep() {  # project [more flags]; the largest batch tried is that of the small compute classes

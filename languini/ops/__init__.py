@@ -1,20 +1,26 @@
-"""The Triton ops of the core, those several projects read (product_keys/: pkm_gpt and peer_gpt); kernel_scenarios()
+"""The Triton ops of the core, those several projects read (product_keys/: pkm_gpt and peer_gpt; peer_experts/:
+peer_gpt and ultramem_gpt); kernel_scenarios()
 launches their kernels as the projects' models do, and kernel_cost_spec() tells scripts/kernel_cost.py what a launch
 costs per lookup (scripts/compile_kernels.py and scripts/kernel_cost.py treat the core as one more project,
 "languini"; their tables here, Triton 3.9, 2026-11-29, no GPU needed: compiled_kernels.csv, the languini rows of
-`python scripts/compile_kernels.py --project languini --project pkm_gpt --project peer_gpt --csv ...`, and
+`python scripts/compile_kernels.py --project languini --csv ...`, and
 kernel_cost.csv from `python scripts/kernel_cost.py --project languini --csv ...`)."""
 
 # The searches the projects launch: (what, k_dim, n_keys, knn). pkm_gpt: the LRAM paper's PKM (XLM's k_dim 256 and
 # n_keys 512 take a minute to record and compile, too long for CI); peer_gpt: its parameter-matched PEER.
 SEARCHES = (("pkm_gpt, the LRAM paper's PKM", 64, 256, 32),
             ("peer_gpt, 181 keys a half, query width 128", 128, 181, 16))
+# The expert reads the projects launch: width d and experts read per row M. Every width >= 128 launches with
+# BLOCK_D = 128 and every M >= 32 with BLOCK_M = 32: peer_gpt's heads x 16 experts (2 heads or more) and
+# ultramem_gpt's 32 values alike.
+EXPERT_READ_WIDTH, EXPERTS_PER_ROW = 128, 32
 
 
 def kernel_scenarios():
     """Yield (description, callable) pairs that launch every kernel of ops/ at model widths (compile_kernels.py)."""
     import torch
 
+    from languini.ops.peer_experts import peer_experts
     from languini.ops.product_keys.triton import product_key_topk_triton
 
     # One head: the interpreter takes seconds per program of the search, and heads do not change its code. The
@@ -28,6 +34,19 @@ def kernel_scenarios():
             scores.sum().backward()
 
         yield f"product-key search, {what}", search
+
+    # The tables in fp32 or bf16 (the models' value dtypes); x and the weights in fp32, as the layers pass them.
+    d, m = EXPERT_READ_WIDTH, EXPERTS_PER_ROW
+    for table_dtype in (torch.float32, torch.bfloat16):
+        x, weights = torch.randn(1, d, requires_grad=True), torch.randn(1, m, requires_grad=True)
+        down = torch.randn(181, d).to(table_dtype).requires_grad_()
+        up = torch.randn(181, d).to(table_dtype).requires_grad_()
+        indices = torch.randint(0, 181, (1, m))
+
+        def read(x=x, down=down, up=up, indices=indices, weights=weights):
+            peer_experts(x, down, up, indices, weights, use_triton=True).sum().backward()
+
+        yield f"expert read, width {d}, {m} experts a row, tables {table_dtype}", read
 
 
 def kernel_cost_spec(kernel, constants, signature, spec):

@@ -17,7 +17,7 @@ from torch import nn
 
 from languini.memory_layers import query_norm_layer
 from languini.memory_stats import MemoryStats
-from projects.peer_gpt.ops.peer_experts import peer_experts
+from languini.ops.peer_experts import peer_experts
 from languini.ops.product_keys import product_key_topk
 
 

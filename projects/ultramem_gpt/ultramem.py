@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from languini.memory_stats import MemoryStats
-from projects.ultramem_gpt.ops.memory_values import memory_values
+from languini.ops.peer_experts import peer_experts
 from projects.ultramem_gpt.ops.tucker_topk import tucker_topk
 
 
@@ -130,8 +130,8 @@ class UltraMemV2(nn.Module):
         indices, scores = self.lookup(tokens)
         if self.stats is not None:
             self.stats.update(indices.detach(), scores.detach().abs())
-        read = memory_values(self.pre_proj(tokens), self.pre_values, self.values, indices, scores,
-                             use_triton=self.use_triton, sparse_experts=self.sparse_values)
+        read = peer_experts(self.pre_proj(tokens), self.pre_values, self.values, indices, scores,
+                            use_triton=self.use_triton, sparse_experts=self.sparse_values)
         return self.out_proj(read.to(x.dtype)).unflatten(0, x.shape[:-1])
 
     @torch.no_grad()

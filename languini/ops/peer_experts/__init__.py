@@ -1,10 +1,12 @@
 """PEER's expert computation, out[r] = sum_j weights[r, j] * gelu(down[i_rj] . x[r]) * up[i_rj]: naive.py (reference,
-CPU path) and triton.py (kernels), chosen by `peer_experts`."""
+CPU path) and triton.py (kernels), chosen by `peer_experts`. In the core because two projects read it: peer_gpt's
+experts (down and up vectors, router scores) and ultramem_gpt's PEER-style value read (down the pre-values, up the
+values, weights the TDQKR scores)."""
 
 import torch
 
 from languini.memory_layers import gather_rows
-from projects.peer_gpt.ops.peer_experts.naive import check_inputs, peer_experts_reference
+from languini.ops.peer_experts.naive import check_inputs, peer_experts_reference
 
 
 def peer_experts(x, down, up, indices, weights, use_triton=None, sparse_experts=False):
@@ -28,7 +30,7 @@ def peer_experts(x, down, up, indices, weights, use_triton=None, sparse_experts=
 
 def _dense(x, down, up, indices, weights, use_triton):
     if use_triton:
-        from projects.peer_gpt.ops.peer_experts.triton import peer_experts_triton  # the reference needs no Triton
+        from languini.ops.peer_experts.triton import peer_experts_triton  # the reference needs no Triton
 
         return peer_experts_triton(x, down, up, indices, weights)
     return peer_experts_reference(x, down, up, indices, weights)

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from projects.peer_gpt.ops.peer_experts import peer_experts
-from projects.peer_gpt.ops.peer_experts.naive import peer_experts_reference
-from projects.peer_gpt.ops.peer_experts.triton import peer_experts_triton
+from languini.ops.peer_experts import peer_experts
+from languini.ops.peer_experts.naive import peer_experts_reference
+from languini.ops.peer_experts.triton import peer_experts_triton
 
 IMPLEMENTATIONS = {
     "reference-gathered": lambda *a: peer_experts_reference(*a, every_expert=False),
@@ -122,7 +122,7 @@ def test_reference_gradients_by_gradcheck_in_float64(every_expert):
 
 
 def test_cpu_path_computes_every_experts_input_only_for_small_tables():
-    from projects.peer_gpt.ops.peer_experts.naive import EVERY_EXPERT_UP_TO
+    from languini.ops.peer_experts.naive import EVERY_EXPERT_UP_TO
 
     calls = []
     original = torch.Tensor.gather

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from languini.triton_utils import interpreting
-from projects.peer_gpt.ops.peer_experts.naive import check_inputs
+from languini.ops.peer_experts.naive import check_inputs
 
 # Untuned block sizes (triton.autotune does not run in the interpreter); tune on a GPU.
 _MAX_BLOCK_M = 32
@@ -139,7 +139,7 @@ def _bag(table, indices, coef):
     return out
 
 
-@torch.library.custom_op("peer_gpt::experts_forward", mutates_args=())
+@torch.library.custom_op("languini::peer_experts_forward", mutates_args=())
 def _forward_op(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor, indices: torch.Tensor,
                 weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     n_rows, m = indices.shape
@@ -159,7 +159,7 @@ def _(x, down, up, indices, weights):
             x.new_empty(indices.shape, dtype=torch.float32))
 
 
-@torch.library.custom_op("peer_gpt::experts_backward", mutates_args=())
+@torch.library.custom_op("languini::peer_experts_backward", mutates_args=())
 def _backward_op(grad_out: torch.Tensor, x: torch.Tensor, down: torch.Tensor, up: torch.Tensor,
                  indices: torch.Tensor, weights: torch.Tensor,
                  pre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -188,7 +188,7 @@ class PeerExpertsFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, down, up, indices, weights):
-        out, pre = torch.ops.peer_gpt.experts_forward(x, down, up, indices, weights)
+        out, pre = torch.ops.languini.peer_experts_forward(x, down, up, indices, weights)
         ctx.save_for_backward(x, down, up, indices, weights, pre)
         return out.to(torch.promote_types(torch.promote_types(x.dtype, down.dtype),
                                           torch.promote_types(up.dtype, weights.dtype)))
@@ -196,7 +196,7 @@ class PeerExpertsFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x, down, up, indices, weights, pre = ctx.saved_tensors
-        grad_x, grad_down, grad_up, grad_weights = torch.ops.peer_gpt.experts_backward(
+        grad_x, grad_down, grad_up, grad_weights = torch.ops.languini.peer_experts_backward(
             grad_out.contiguous(), x, down, up, indices, weights, pre)
         return (grad_x.to(x.dtype), grad_down.to(down.dtype), grad_up.to(up.dtype), None,
                 grad_weights.to(weights.dtype))
