@@ -1,6 +1,6 @@
-"""What the tests of the GPTs with a memory layer in place of an MLP share (pkm_gpt, peer_gpt): the GPT's parameters
-counted by hand, the causality check with a counterexample, a few steps of Adam on one batch, and a smoke run of the
-trainer."""
+"""What the tests of the GPTs with a memory layer in place of an MLP share (lram_gpt, pkm_gpt, peer_gpt): the GPT's
+parameters counted by hand, the causality check with a counterexample, a few steps of Adam on one batch, and a smoke
+run of the trainer."""
 import json
 import math
 

@@ -23,8 +23,8 @@ parameters count once.
 import torch.nn as nn
 
 from languini import model_parallel
-from languini.memory_layers import memory_layer_indices
-from languini.memory_stats import MemoryStats
+from languini.memory_layers import memory_layer_indices, table_optimizer_groups
+from languini.memory_stats import MemoryStats, layers_result
 from languini.transformer import GPT, MLP, Block, init_residual_
 from projects.lram_gpt.configs import ModelConfig
 from projects.lram_gpt.lattice import DIM, FUNDAMENTAL_POINTS
@@ -91,13 +91,8 @@ class Model(GPT):
     def optimizer_groups(self, lr: float) -> list[dict]:
         """The value table at value_lr_multiplier x lr, everything else at lr; with sparse_values the value
         group is marked "sparse" for a lazy optimiser (torch.optim.SparseAdam: only rows read are updated)."""
-        values = self.value_tables()
-        value_ids = {id(p) for p in values}
-        rest = [p for p in self.parameters() if id(p) not in value_ids]
-        value_group = {"params": values, "lr": lr * self.cfg.value_lr_multiplier}
-        if self.cfg.sparse_values:
-            value_group["sparse"] = True
-        return [{"params": rest, "lr": lr}, value_group]
+        return table_optimizer_groups(self, self.value_tables(), lr, lr * self.cfg.value_lr_multiplier,
+                                      self.cfg.sparse_values)
 
     def extra_flops(self, seq_len: int) -> int:
         """Forward FLOPs at batch 1 that DeepSpeed's profiler misses: theta of every memory layer, and the
@@ -115,15 +110,4 @@ class Model(GPT):
         """languini.memory_stats.MemoryStats.result() of the reads since reset_memory_stats; when running
         distributed, over all processes, so every process must call it. With several memory layers, each
         layer's under "layers" ("block_<i>"), and a shared table's (all its layers' reads) at the top."""
-        if any(m.stats is None for m in self.memories):
-            raise ValueError("memory_stats() needs reset_memory_stats() and a forward pass first.")
-        device = self.memory.values.device
-        merged = [m.stats.all_processes(device) for m in self.memories]
-        if len(merged) == 1:
-            return merged[0].result()
-        stats = {"layers": {f"block_{i}": s.result() for i, s in zip(self.memory_blocks, merged)}}
-        if self.cfg.share_memory:
-            table = MemoryStats(self.memory.memory_size)
-            table.weight = sum(s.weight for s in merged)
-            stats.update(table.result())
-        return stats
+        return layers_result(self.memories, self.memory_blocks, self.memory.values.device, self.cfg.share_memory)

@@ -10,8 +10,8 @@ import torch
 import torch.nn as nn
 
 from languini import transformer
-from languini.memory_layers import memory_layer_indices
-from languini.memory_stats import MemoryStats
+from languini.memory_layers import memory_layer_indices, table_optimizer_groups
+from languini.memory_stats import MemoryStats, layers_result
 from projects.ultramem_gpt.configs import ModelConfig
 from projects.ultramem_gpt.ultramem import UltraMemV2, ultramem_flops
 
@@ -80,12 +80,7 @@ class Model(transformer.GPT):
         """The value tables at value_lr_multiplier x lr, everything else at lr; with sparse_values the value group is
         marked "sparse" for a lazy optimiser (torch.optim.SparseAdam: only rows read are updated)."""
         values = [p for layer in self.memories for p in layer.value_parameters()]
-        value_ids = {id(p) for p in values}
-        rest = [p for p in self.parameters() if id(p) not in value_ids]
-        value_group = {"params": values, "lr": lr * self.cfg.value_lr_multiplier}
-        if self.cfg.sparse_values:
-            value_group["sparse"] = True
-        return [{"params": rest, "lr": lr}, value_group]
+        return table_optimizer_groups(self, values, lr, lr * self.cfg.value_lr_multiplier, self.cfg.sparse_values)
 
     def extra_flops(self, seq_len: int) -> int:
         """Forward FLOPs at batch 1 that DeepSpeed's profiler misses, per memory layer: the candidate grid, the chosen
@@ -106,10 +101,4 @@ class Model(transformer.GPT):
         """languini.memory_stats.MemoryStats.result() of the values read since reset_memory_stats, weighted by the
         magnitudes of their scores; when running distributed, over all processes, so every process must call it.
         With several memories, each layer's under "layers" ("block_<i>")."""
-        if any(m.stats is None for m in self.memories):
-            raise ValueError("memory_stats() needs reset_memory_stats() and a forward pass first.")
-        device = self.head.weight.device
-        merged = [m.stats.all_processes(device) for m in self.memories]
-        if len(merged) == 1:
-            return merged[0].result()
-        return {"layers": {f"block_{i}": s.result() for i, s in zip(self.memory_blocks, merged)}}
+        return layers_result(self.memories, self.memory_blocks, self.head.weight.device)
