@@ -105,6 +105,23 @@ def memory_layer_indices(memory_layers: str | None, n_layers: int) -> list[int]:
     return indices
 
 
+def memory_gpt_blocks(cfg, memory_blocks: list[int], make_memory):
+    """make_block(i) for languini.transformer.GPT: the GPT's pre-LN block whose feed-forward part `ff` is
+    make_memory(values) in the blocks `memory_blocks` (values: the first memory's table when cfg.share_memory, for
+    the later ones to read; else None) and the GPT's MLP elsewhere."""
+    from languini.transformer import MLP, Block  # the transformer does not import this module: no cycle either way
+
+    memories = []
+
+    def make_block(i):
+        if i not in memory_blocks:
+            return Block(cfg, MLP(cfg.d_model, cfg.mlp_ratio), ff_name="ff")
+        memories.append(make_memory(memories[0].values if cfg.share_memory and memories else None))
+        return Block(cfg, memories[-1], ff_name="ff")
+
+    return make_block
+
+
 def gate_layer(gate: str, d_model: int, read_width: int) -> nn.Linear | None:
     """W_g of the Memory+ gate (the read times silu(W_g x)), or None for gate "none"."""
     if gate not in GATES:

@@ -23,9 +23,9 @@ parameters count once.
 import torch.nn as nn
 
 from languini import model_parallel
-from languini.memory_layers import memory_layer_indices, table_optimizer_groups
+from languini.memory_layers import memory_gpt_blocks, memory_layer_indices, table_optimizer_groups
 from languini.memory_stats import MemoryStats, layers_result
-from languini.transformer import GPT, MLP, Block, init_residual_
+from languini.transformer import GPT, Block, init_residual_
 from projects.lram_gpt.configs import ModelConfig
 from projects.lram_gpt.lattice import DIM, FUNDAMENTAL_POINTS
 from projects.lram_gpt.memory import VALUE_DTYPES, LRAMBlock
@@ -55,16 +55,8 @@ class Model(GPT):
 
     def __init__(self, cfg: ModelConfig):
         memory_blocks = memory_layer_indices(cfg.memory_layers, cfg.n_layers)
-        memories = []
-
-        def make_block(i):
-            if i not in memory_blocks:
-                return Block(cfg, MLP(cfg.d_model, cfg.mlp_ratio), ff_name="ff")
-            # with share_memory, later memory layers read the first one's table
-            memories.append(lram_block(cfg, memories[0].values if cfg.share_memory and memories else None))
-            return Block(cfg, memories[-1], ff_name="ff")
-
-        super().__init__(cfg, make_block)
+        # with share_memory, later memory layers read the first one's table
+        super().__init__(cfg, memory_gpt_blocks(cfg, memory_blocks, lambda values: lram_block(cfg, values)))
         self.memory_blocks = memory_blocks
         for memory in self.memories:  # the memory's own value init, not the GPT's
             if memory.owns_values:

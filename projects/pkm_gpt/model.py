@@ -11,7 +11,7 @@ processes (languini/model_parallel.py).
 import torch.nn as nn
 
 from languini import model_parallel
-from languini.memory_layers import memory_layer_indices, table_optimizer_groups
+from languini.memory_layers import memory_gpt_blocks, memory_layer_indices, table_optimizer_groups
 from languini.memory_stats import MemoryStats, layers_result
 from languini.transformer import GPT, MLP, Block, init_residual_
 from projects.pkm_gpt.configs import ModelConfig
@@ -32,16 +32,8 @@ class Model(GPT):
 
     def __init__(self, cfg: ModelConfig):
         memory_blocks = memory_layer_indices(cfg.memory_layers, cfg.n_layers)
-        memories = []
-
-        def make_block(i):
-            if i not in memory_blocks:
-                return Block(cfg, MLP(cfg.d_model, cfg.mlp_ratio), ff_name="ff")
-            # with share_memory, later memory layers read the first one's table
-            memories.append(product_key_memory(cfg, memories[0].values if cfg.share_memory and memories else None))
-            return Block(cfg, memories[-1], ff_name="ff")
-
-        super().__init__(cfg, make_block)
+        # with share_memory, later memory layers read the first one's table
+        super().__init__(cfg, memory_gpt_blocks(cfg, memory_blocks, lambda values: product_key_memory(cfg, values)))
         self.memory_blocks = memory_blocks
         for memory in self.memories:
             memory.reset_memory_parameters()  # the memory's own init (memory_init), not the GPT's

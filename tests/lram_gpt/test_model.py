@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from languini import experiment, flops
+from languini.transformer import MLP
 from projects.lram_gpt import configs
 from projects.lram_gpt.memory import LRAMBlock
-from projects.lram_gpt.model import MLP, Model
+from projects.lram_gpt.model import Model
 from tests.memory_gpt import earlier_logits_unchanged, gpt_parameters, mlp_parameters
 
 # 3 blocks of width 32 (2 memory heads), 2^12 locations: every test builds the model in milliseconds.
