@@ -1,6 +1,6 @@
-"""What the tests of the GPTs with a memory layer in place of an MLP share (lram_gpt, pkm_gpt, peer_gpt): the GPT's
-parameters counted by hand, the causality check with a counterexample, a few steps of Adam on one batch, and a smoke
-run of the trainer."""
+"""What the tests of the GPTs with a memory layer share (lram_gpt, pkm_gpt, peer_gpt, ultramem_gpt): the GPT's
+parameters counted by hand, the causality check with a counterexample, a few steps of Adam on one batch, a smoke run
+of the trainer, and a layer's reference path against its Triton path."""
 import json
 import math
 
@@ -61,3 +61,31 @@ def smoke_run_results(project: str, configs, model_cls, corpus_root, out_dir, me
         assert 0 < stats["memory_usage"] <= 1
         assert 0 <= stats["kl_from_uniform"] <= math.log(memory_rows)
     return results
+
+
+def reference_and_triton_runs(layer, x, device, switches=("use_triton",)):
+    """(output, input gradient, {parameter: gradient}) of the layer on its reference path and on its Triton path
+    (the layer's boolean attributes `switches` all False, then all True), each run on `device` after a
+    sum-of-outputs backward, returned on the CPU; the layer is left on the CPU."""
+    runs = []
+    for use_triton in (False, True):
+        for switch in switches:
+            setattr(layer, switch, use_triton)
+        layer.zero_grad()
+        inputs = x.to(device).requires_grad_()
+        out = layer.to(device)(inputs)
+        out.backward(torch.ones_like(out))
+        grads = {name: p.grad.to_dense().cpu() for name, p in layer.named_parameters()}
+        runs.append((out.detach().cpu(), inputs.grad.cpu(), grads))
+        layer.cpu()
+    return runs
+
+
+def assert_runs_close(run, other, tol):
+    """The outputs, input gradients and every parameter's gradient of two runs equal within rtol = atol = tol."""
+    (out, grad_x, grads), (out_o, grad_x_o, grads_o) = run, other
+    torch.testing.assert_close(out_o, out, rtol=tol, atol=tol)
+    torch.testing.assert_close(grad_x_o, grad_x, rtol=tol, atol=tol)
+    assert grads_o.keys() == grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads_o[name], grads[name], rtol=tol, atol=tol, msg=name)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from projects.ultramem_gpt.ultramem import UltraMemV2, tdqkr_search, ultramem_layer
+from tests.memory_gpt import assert_runs_close, reference_and_triton_runs
 
 # 7 keys a side (49 values), 4 read per token, queries of 6, values of 5, rank 2, width 9: odd sizes
 SIZES = dict(n_keys=7, knn=4, k_dim=6, value_dim=5, rank=2)
@@ -122,23 +123,9 @@ def test_gradients_of_input_and_every_parameter_pass_gradcheck_in_float64():
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
 def test_triton_path_gives_the_reference_output_and_gradients(sparse, device):
     layer, x = layer_and_input(dtype=torch.float32, sparse_values=sparse)
-    results = []
-    for use_triton in (False, True):
-        layer.use_triton = use_triton
-        layer.zero_grad()
-        inputs = x.to(device).requires_grad_()
-        out = layer.to(device)(inputs)
-        out.backward(torch.ones_like(out))
-        grads = {name: p.grad.to_dense().cpu() for name, p in layer.named_parameters()}
-        results.append((out.detach().cpu(), inputs.grad.cpu(), grads))
-        layer.cpu()
-    (out, grad_x, grads), (out_t, grad_x_t, grads_t) = results
+    reference, triton = reference_and_triton_runs(layer, x, device)
     assert layer.values.grad.layout == (torch.sparse_coo if sparse else torch.strided)
-    # fp32 sums of a few dozen terms of order 1-10
-    torch.testing.assert_close(out_t, out, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(grad_x_t, grad_x, rtol=1e-5, atol=1e-5)
-    for name in grads:
-        torch.testing.assert_close(grads_t[name], grads[name], rtol=1e-5, atol=1e-5, msg=name)
+    assert_runs_close(reference, triton, tol=1e-5)  # fp32 sums of a few dozen terms of order 1-10
 
 
 def test_the_width_and_size_constructor():
