@@ -1,10 +1,10 @@
 """The Triton ops of the core, those several projects read (product_keys/: pkm_gpt and peer_gpt; peer_experts/:
-peer_gpt and ultramem_gpt); kernel_scenarios()
-launches their kernels as the projects' models do, and kernel_cost_spec() tells scripts/kernel_cost.py what a launch
-costs per lookup (scripts/compile_kernels.py and scripts/kernel_cost.py treat the core as one more project,
-"languini"; their tables here, Triton 3.9, 2026-11-29, no GPU needed: compiled_kernels.csv, the languini rows of
-`python scripts/compile_kernels.py --project languini --csv ...`, and
-kernel_cost.csv from `python scripts/kernel_cost.py --project languini --csv ...`)."""
+peer_gpt and ultramem_gpt); kernel_scenarios() launches their kernels as the projects' models do, and
+kernel_cost_spec() tells scripts/kernel_cost.py what a launch costs per lookup (scripts/compile_kernels.py and
+scripts/kernel_cost.py treat the core as one more project, "languini"; their tables here, Triton 3.9, 2026-11-29, no
+GPU needed: compiled_kernels.csv from `python scripts/compile_kernels.py --project languini --csv ...`, and
+kernel_cost.csv, of the product-key search alone, from `python scripts/kernel_cost.py --project languini --csv
+...` before the expert read moved here)."""
 
 # The searches the projects launch: (what, k_dim, n_keys, knn). pkm_gpt: the LRAM paper's PKM (XLM's k_dim 256 and
 # n_keys 512 take a minute to record and compile, too long for CI); peer_gpt: its parameter-matched PEER.
