@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from languini.transformer import init_gpt2_, init_residual_
 from projects.feedback import segment
 from projects.feedback.configs import MEMORY, ModelConfig
 from projects.feedback.ops.window_attention import IMPLS, attention_flops, implementation
@@ -76,17 +77,10 @@ class Model(nn.Module):
         self.mix_logits = nn.Parameter(torch.zeros(cfg.n_layers + 1)) if cfg.memory == "weighted" else None
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.apply(self._init)
+        self.apply(init_gpt2_)
         nn.init.normal_(self.pos)  # std 1, as the authors' position embeddings
         for block in self.blocks:  # GPT-2: the MLP's residual write is scaled down with depth
-            nn.init.normal_(block.proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
-
-    @staticmethod
-    def _init(m):
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=0.02)
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            nn.init.zeros_(m.bias)
+            init_residual_(block.proj, cfg.n_layers)
 
     def mix(self) -> torch.Tensor:
         """pi_l, the weight of x^l (l = 0 the embedding .. L) in the memory vector: (L + 1,)."""
