@@ -93,6 +93,18 @@ def test_output_shapes_and_aux_losses(project):
 
 
 @pytest.mark.parametrize("project", project_params())
+def test_an_untrained_model_predicts_about_uniformly(project):
+    # Weights initialised small give logits near zero: the loss of a uniform guess, ln(vocab), within a tenth
+    # of it (a model whose outputs were scaled wrongly, or that saw its targets, would be far off).
+    model = cpu_model(project)
+    x = tokens(model, length=LENGTH + 1)
+    with torch.no_grad():
+        logits, _, _ = forward(model, x[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+    assert abs(loss.item() - math.log(model.cfg.vocab_size)) < 0.1 * math.log(model.cfg.vocab_size)
+
+
+@pytest.mark.parametrize("project", project_params())
 def test_state_is_carried(project):
     model = cpu_model(project)
     first, second = tokens(model, seed=1), tokens(model, seed=2)

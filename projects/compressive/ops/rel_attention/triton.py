@@ -262,12 +262,7 @@ def relative_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """Transformer-XL relative attention of the segment's queries over [prefix; segment], as naive.py's
     relative_attention_naive (default mask: every prefix key, the segment causally), without the (T, S) scores.
 
-    Args:
-        q: (B, H, T, D) queries of the segment.
-        k, v: (B, H, S, D) keys and values of [prefix; segment], S = P + T >= T.
-        r: (H, S, D) projected position embeddings by distance: row delta for distance delta = 0 .. S-1.
-        u, w: (H, D) the content and position biases.
-        scale: multiplies the scores (1/sqrt(D)).
+    Args: as relative_attention_naive's, without the mask.
     Returns:
         (B, H, T, D) in the dtype the tensors run in: autocast's if enabled, else q's. Accumulation is fp32.
     """

@@ -210,12 +210,7 @@ def experts_grouped(x: torch.Tensor, expert_index: torch.Tensor, gates: torch.Te
                     fc_bias: torch.Tensor, proj_weight: torch.Tensor, proj_bias: torch.Tensor) -> torch.Tensor:
     """Each token through the experts it is routed to, weighted by its router gates, as grouped GEMMs.
 
-    Args:
-        x: (N, d) tokens.
-        expert_index: (N, k) int64, the expert of each of a token's k choices; -1 where the choice was dropped.
-        gates: (N, k) router weights of the choices.
-        fc_weight, fc_bias: (E, d, h), (E, h): each expert's first linear map (x @ W + b).
-        proj_weight, proj_bias: (E, h, d), (E, d): its second.
+    Args: as experts_naive's (ops/moe/naive.py).
     Returns:
         (N, d) in x's dtype, as experts_naive (ops/moe/naive.py). Under autocast the GEMMs run in its dtype with
         float32 accumulation; the router weights and the sum over a token's choices stay in float32.
