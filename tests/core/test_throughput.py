@@ -152,12 +152,19 @@ def test_model_flags_are_the_fields_that_differ_from_the_named_config():
             == "--memory_layers 1 --memory_query_norm batch --sparse_values true")
 
 
-def config_of_row(configs, row):
-    """The named config of a registry row with its recorded flags, parsed as train.py parses them."""
+def config_of_row(configs, row, step_settings=None):
+    """The named config of a registry row with its recorded flags, parsed as train.py parses them; the flags of
+    the training step (the Hebbian Softmax's) go into `step_settings` when a dict is given, else are refused."""
     parser = argparse.ArgumentParser()
     add_dataclass_flags(parser, configs.ModelConfig, "model")
-    given = overrides(parser.parse_args(shlex.split(row.model_flags)), configs.ModelConfig)
-    return replace(configs.SIZES[row.config], **{"seq_len": row.seq_len, **given})
+    args, rest = parser.parse_known_args(shlex.split(row.model_flags))
+    if rest and step_settings is None:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if rest:
+        step = argparse.ArgumentParser()
+        add_dataclass_flags(step, TrainConfig, "train")
+        step_settings.update(overrides(step.parse_args(rest), TrainConfig))
+    return replace(configs.SIZES[row.config], **{"seq_len": row.seq_len, **overrides(args, configs.ModelConfig)})
 
 
 @pytest.mark.parametrize("project", REGISTRIES)
@@ -176,6 +183,21 @@ def test_committed_rows_are_tied_to_the_configs_they_were_measured_with(project)
         elif hasattr(configs.ModelConfig, "attention") and row.date <= "2026-11-23":
             # measured before --attention existed, when attention was F.scaled_dot_product_attention
             assert row.model_flags == "--attention sdpa", row
+
+
+# a comparison's own registry: what scripts/compare.py charges the runs at when its grid is extended or resumed
+COMPARISON_REGISTRIES = sorted(str(path.relative_to(REPO))
+                               for path in REPO.glob("results/*/comparison/runs/throughput.csv"))
+
+
+@pytest.mark.parametrize("registry", COMPARISON_REGISTRIES)
+def test_comparison_rows_are_tied_to_the_configs_they_were_measured_with(registry):
+    """As above for a committed comparison: a row left behind by a new config field would make an extended grid
+    time its model anew, and charge the new runs at another throughput than the old ones."""
+    for row in tp.read_registry(REPO / registry):
+        step_settings = {}
+        config = config_of_row(importlib.import_module(f"projects.{row.project}.configs"), row, step_settings)
+        assert row.model_fingerprint == tp.model_fingerprint(config, step_settings), row
 
 
 # ---- lookup and its error ----
