@@ -14,12 +14,14 @@ from languini.hardware import DeviceSpec, device_spec
 
 
 def forward_flops(model: torch.nn.Module, seq_len: int, vocab_size: int, device: torch.device | str = "cpu") -> int:
-    """FLOPs of one forward pass on one random sequence of `seq_len` tokens.
+    """FLOPs of one forward pass on one random sequence of `seq_len` tokens (the same sequence every call).
 
     DeepSpeed's profiler count plus `model.extra_flops(seq_len)` where the model defines it
     (for operations the profiler cannot see: Triton kernels, embedding bags, custom scans).
-    Runs with gradients enabled: under no_grad PyTorch takes fused fast paths (e.g.
-    nn.MultiheadAttention's) that bypass the functions the profiler patches.
+    Counted in eval mode, the nominal count: work a model drops in training (Switch's choices over an
+    expert's capacity) would make the count depend on the tokens and the weights. Runs with gradients
+    enabled: under no_grad PyTorch takes fused fast paths (e.g. nn.MultiheadAttention's) that bypass the
+    functions the profiler patches.
     """
     # Imported here because deepspeed is slow to import. Naming its accelerator spares every command the warning
     # its detection prints on a machine without a GPU (it picks the same one).
@@ -27,10 +29,12 @@ def forward_flops(model: torch.nn.Module, seq_len: int, vocab_size: int, device:
     from deepspeed.profiling.flops_profiler import FlopsProfiler
     from deepspeed.profiling.flops_profiler import profiler as ds_profiler
 
-    tokens = torch.randint(vocab_size, (1, seq_len), device=device)
+    tokens = torch.randint(vocab_size, (1, seq_len), generator=torch.Generator().manual_seed(0)).to(device)
     profiler = FlopsProfiler(model)
     wrap = ds_profiler.wrapFunc
     ds_profiler.wrapFunc = _outermost_only(wrap)
+    training = model.training
+    model.eval()
     try:
         with torch.enable_grad():
             profiler.start_profile()
@@ -39,6 +43,7 @@ def forward_flops(model: torch.nn.Module, seq_len: int, vocab_size: int, device:
     finally:
         profiler.end_profile()
         ds_profiler.wrapFunc = wrap
+        model.train(training)
     extra = model.extra_flops(seq_len) if isinstance(model, model_contract.WithExtraFlops) else 0
     return int(flops) + int(extra)
 

@@ -43,6 +43,31 @@ def test_forward_flops_counts_attention_even_when_called_under_no_grad():
     assert counted == hand_count(16, 64, 32) + 7 * 16
 
 
+class DropsInTraining(nn.Module):
+    """A linear map of the tokens whose embedding's first entry is positive; in training the others are dropped
+    (as a Switch layer drops the choices over an expert's capacity), so the work done depends on the tokens."""
+
+    def __init__(self, vocab_size=64, d_model=8):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.linear = nn.Linear(d_model, d_model, bias=False)
+
+    def forward(self, x, state=None):
+        h = self.embed(x)[0]
+        kept = h[h[:, 0] > 0] if self.training else h
+        return self.linear(kept), None
+
+
+def test_forward_flops_are_the_nominal_count_and_leave_the_mode_as_it_was():
+    # Counted in eval mode: all 16 tokens through the 8 x 8 map whatever the weights, and the model stays in
+    # training; the same count from any initialisation (in training mode about half the tokens would be kept).
+    for seed in range(3):
+        torch.manual_seed(seed)
+        model = DropsInTraining().train()
+        assert flops.forward_flops(model, seq_len=16, vocab_size=64) == 16 * 2 * 8 * 8
+        assert model.training
+
+
 def test_profiler_patches_are_undone_when_the_forward_fails():
     class Broken(nn.Module):
         def forward(self, x):
