@@ -36,7 +36,6 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from languini import model_parallel
 from languini.atomic_write import fsync_dir, write_atomically  # noqa: F401  (checkpoint.write_atomically)
-from languini.memory_layers import check_renamed
 
 CHECKPOINT = "checkpoint.pt"
 PREVIOUS = "checkpoint_previous.pt"
@@ -170,15 +169,12 @@ def load(run_dir: Path, device: torch.device, warn: Callable[[str], None] = prin
 
     merge_shards: the whole tensors of its shards folder replace its InShards entries (on this process alone:
     what a tool reading a model-parallel run on one process needs); False leaves them for restore_shards.
-    A checkpoint whose model config uses the memory layers' old names fails with a ValueError naming the new ones.
     """
     latest, why_not_latest = _usable(run_dir / CHECKPOINT, run_dir, device)
     if latest is not None:
-        check_renamed(latest.get("model_config", {}))
         return (_merged(latest, run_dir, device) if merge_shards else latest), run_dir / CHECKPOINT
     previous, why_not_previous = _usable(run_dir / PREVIOUS, run_dir, device)
     if previous is not None:
-        check_renamed(previous.get("model_config", {}))
         warn(f"Warning: {why_not_latest}; continuing from the previous checkpoint {run_dir / PREVIOUS} "
              f"(step {previous['step']}), so the steps after it are trained again.")
         return (_merged(previous, run_dir, device) if merge_shards else previous), run_dir / PREVIOUS

@@ -10,6 +10,8 @@ gate: "none" or "silu", Memory+ (Berges et al. 2024, "Memory Layers at Scale"): 
 the output projection.
 A value table split by columns over a model-parallel group (languini/model_parallel.py) is read by sharded_bag.
 """
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -38,11 +40,14 @@ def query_norm_layer(query_norm: str, width: int) -> nn.Module:
     return {"layer": nn.LayerNorm, "batch": nn.BatchNorm1d}.get(query_norm, lambda _: nn.Identity())(width)
 
 
-def check_renamed(fields: dict):
-    """Raise ValueError naming the new names where a saved config uses the memory layers' old names."""
+def check_renamed(fields: dict, config_cls):
+    """Raise ValueError naming the new names where a saved config of `config_cls` (a ModelConfig class) uses the
+    memory layers' old names: a field it no longer has, or an old value. A field of that name the class still has
+    is another project's own (the Feedback Transformer's memory_layer)."""
+    current = {f.name for f in dataclasses.fields(config_cls)}
     old = []
     for key, value in fields.items():
-        if key in RENAMED:
+        if key in RENAMED and key not in current:
             old.append(f"{key} -> {RENAMED[key]}")
         if ("value_grad" in key or "query_norm" in key) and isinstance(value, str) and value in RENAMED_VALUES:
             old.append(f"{key}={value!r} -> {RENAMED_VALUES[value]!r}")

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_map
 from tqdm import tqdm
 
-from languini import (aux_loss, checkpoint, flops, frequency, hebbian, model_contract, model_parallel, neural_cache,
-                      parallelize, stages)
+from languini import (aux_loss, checkpoint, flops, frequency, hebbian, memory_layers, model_contract, model_parallel,
+                      neural_cache, parallelize, stages)
 from languini.books import SLOW_EVAL_PROTOCOLS, SLOW_EVAL_SAMPLES, BooksDataset, TrainBatches
 from languini.compute_class import DEFAULT_REFERENCE_HARDWARE
 from languini.evaluation import Evaluator, evaluate_splits
@@ -519,6 +519,7 @@ class Trainer:
     def load_state_dict(self, ckpt: dict) -> None:
         """Continue from a state_dict() (a checkpoint) of a run with the same model config and budget."""
         stage_steps = [list(s) for s in ckpt.get("stage_steps", self._stage_steps())]
+        memory_layers.check_renamed(ckpt["model_config"], type(self.model_cfg))
         if (not model_parallel.same_model(ckpt["model_config"], self.model_cfg)
                 or ckpt["total_steps"] != self.total_steps
                 or stage_steps != [list(s) for s in self._stage_steps()]):

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from languini import (checkpoint, datasets, experiment, frequency, model_contract, model_parallel, neural_cache,
-                      run_folder, tokenizer)
+from languini import (checkpoint, datasets, experiment, frequency, memory_layers, model_contract, model_parallel,
+                      neural_cache, run_folder, tokenizer)
 from languini.books import SLOW_EVAL_PROTOCOLS, SLOW_EVAL_SAMPLES, DataError
 from languini.evaluation import Evaluator, describe_slow_protocol, evaluate_splits
 from languini.flags import Parser
@@ -123,6 +123,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
 
     configs = importlib.import_module(f"projects.{run['project']}.configs")
     model_cls = importlib.import_module(f"projects.{run['project']}.model").Model
+    memory_layers.check_renamed(ckpt["model_config"], configs.ModelConfig)
     model_cfg = configs.ModelConfig(**ckpt["model_config"])
     tcfg, rcfg = run_configs(run["train"], args)
     dataset, _ = datasets.load_data(rcfg.data_root, model_cfg, True, say, ddp)  # the trained model's vocab decides

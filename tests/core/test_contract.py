@@ -4,6 +4,7 @@ Projects are discovered, so a new one is checked without editing this file; one 
 declares `LANGUAGE_MODEL = False` in its __init__.py and is left out (projects/neural_bloom). What is specific to a project
 (its paper's parameter counts, its kernels) is tested in tests/<project>/.
 """
+import dataclasses
 import importlib
 import json
 import math
@@ -12,7 +13,7 @@ import pytest
 import torch
 from torch.utils._pytree import tree_flatten
 
-from languini import checkpoint, model_contract, parallelize
+from languini import checkpoint, memory_layers, model_contract, model_parallel, parallelize
 from languini.experiment import REPO_ROOT
 from languini.plan import CPU_CONFIG
 
@@ -102,6 +103,16 @@ def test_an_untrained_model_predicts_about_uniformly(project):
         logits, _, _ = forward(model, x[:, :-1])
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
     assert abs(loss.item() - math.log(model.cfg.vocab_size)) < 0.1 * math.log(model.cfg.vocab_size)
+
+
+@pytest.mark.parametrize("project", project_params())
+def test_a_saved_config_passes_the_checks_of_resume_and_evaluate(project):
+    # what trainer.load_state_dict and scripts/evaluate.py do with a checkpoint's model_config (saved as JSON)
+    configs, _ = load(project)
+    cfg = configs.get(CPU_CONFIG)
+    saved = json.loads(json.dumps(dataclasses.asdict(cfg)))
+    memory_layers.check_renamed(saved, configs.ModelConfig)
+    assert model_parallel.same_model(saved, cfg) and configs.ModelConfig(**saved) == cfg
 
 
 @pytest.mark.parametrize("project", project_params())

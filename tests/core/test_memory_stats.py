@@ -1,4 +1,5 @@
 """The memory layers' statistics and vocabulary, against hand computations."""
+import dataclasses
 import math
 
 import pytest
@@ -6,6 +7,9 @@ import torch
 
 from languini.memory_layers import check_renamed, check_value_grad, query_norm_layer
 from languini.memory_stats import MemoryStats
+from projects.feedback import configs as feedback_configs
+from projects.lram_gpt import configs as lram_configs
+from projects.pkm_gpt import configs as pkm_configs
 
 
 def test_usage_and_kl_by_hand():
@@ -54,11 +58,19 @@ def test_no_reads_and_mismatched_shapes_raise():
 ])
 def test_old_names_in_saved_configs_name_the_new_ones(fields, message):
     with pytest.raises(ValueError, match=message):
-        check_renamed(fields)
+        check_renamed(fields, pkm_configs.ModelConfig)
+
+
+def test_a_field_the_config_still_has_is_no_old_name():
+    # feedback's memory_layer (which layer feeds the memory) is its own field, not lram_gpt's old memory_layer
+    check_renamed(dataclasses.asdict(feedback_configs.get("cpu")), feedback_configs.ModelConfig)
+    with pytest.raises(ValueError, match="memory_layer -> memory_layers"):
+        check_renamed({"memory_layer": 3}, lram_configs.ModelConfig)
 
 
 def test_current_names_pass_and_old_values_are_refused_with_a_hint():
-    check_renamed({"memory_value_grad": "segment", "memory_query_norm": "layer", "d_model": 64})
+    check_renamed({"memory_value_grad": "segment", "memory_query_norm": "layer", "d_model": 64},
+                  pkm_configs.ModelConfig)
     with pytest.raises(ValueError, match="renamed to 'segment'"):
         check_value_grad("sorted")
     with pytest.raises(ValueError, match="renamed to 'batch'"):
@@ -68,9 +80,18 @@ def test_current_names_pass_and_old_values_are_refused_with_a_hint():
     assert isinstance(query_norm_layer("none", 8), torch.nn.Identity)
 
 
-def test_a_checkpoint_with_old_names_fails_naming_the_new_ones(tmp_path):
+def test_evaluating_a_checkpoint_with_old_names_fails_naming_the_new_ones(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+
     from languini import checkpoint
 
+    script = Path(__file__).resolve().parents[2] / "scripts" / "evaluate.py"
+    spec = importlib.util.spec_from_file_location("evaluate", script)
+    evaluate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(evaluate)
+    (tmp_path / "config.json").write_text(json.dumps({"project": "pkm_gpt", "config": "cpu", "train": {}}))
     torch.save({"step": 3, "model_config": {"d_model": 64, "pkm_value_grad": "sorted"}}, tmp_path / checkpoint.CHECKPOINT)
-    with pytest.raises(ValueError, match="pkm_value_grad -> memory_value_grad.*'sorted' -> 'segment'"):
-        checkpoint.load(tmp_path, torch.device("cpu"))
+    with pytest.raises(SystemExit, match="pkm_value_grad -> memory_value_grad.*'sorted' -> 'segment'"):
+        evaluate.main([str(tmp_path)])
