@@ -326,6 +326,29 @@ def comparable(results: list[Result], mode: str) -> list[Result]:
     return groups[0]
 
 
+def one_sample_per_class(results: list[Result], mode: str) -> None:
+    """Refuse a class whose entries were scored on different samples of a split: the leaderboard ranks entries
+    by perplexity per byte, which moves more between samples (the books differ in bytes per token) than between
+    many entries. A run evaluated on another sample (an older commit's, or one sized to its own speed) is named,
+    with the command that evaluates it again on the class's."""
+    scale_plot = load_scale_plot()
+    for klass in sorted({r.compute_class for r in results}, key=compute_class_seconds):
+        for split in SPLITS:
+            samples = {}
+            for r in results:
+                if r.compute_class == klass and r.value(mode, split) is not None:
+                    samples.setdefault(scale_plot.comparability(r.record, mode, split)[0][3], []).append(r)
+            if len(samples) > 1:
+                said = "; ".join(f"{key[2]:,} tokens scored by {', '.join(r.folder.name for r in runs)}"
+                                 if key[2] is not None else f"an unrecorded sample by "
+                                 f"{', '.join(r.folder.name for r in runs)}" for key, runs in samples.items())
+                cap = "--eval_max_batches" if mode == "fast" else "--slow_eval_max_windows"
+                raise SystemExit(
+                    f"At {klass} the runs were scored on different samples of {split} ({mode} evaluation): {said}. "
+                    f"Evaluate them again on one: python scripts/evaluate.py RUN_DIR --mode {mode} {cap} N, with "
+                    f"the N that `train.py --compute_class {klass} --dry_run` plans today; then collect again.")
+
+
 @dataclass(frozen=True)
 class Cell:
     """An entry at a class: its seeds' values of one measure."""
@@ -508,6 +531,7 @@ def plots(results: list[Result], mode: str, out: Path) -> None:
 
 def write_outputs(results: list[Result], mode: str, out: Path, command: str) -> None:
     results = comparable(results, mode)
+    one_sample_per_class(results, mode)
     out.mkdir(parents=True, exist_ok=True)
     print(leaderboard(results, mode, out, command))
     plots(results, mode, out)

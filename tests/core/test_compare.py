@@ -160,6 +160,18 @@ def test_one_seed_everywhere_names_no_winner(compare, tmp_path):
     assert "no winner can be named" in compare.verdict("1m", test)
 
 
+def test_a_class_scored_on_two_samples_is_refused_with_the_runs_named(compare, tmp_path):
+    # qlstm's ood_oz at 1m was scored on more tokens than gpt's (another commit's, or its own speed's, sample)
+    other = record("qlstm", "1m", 0, 5.5, 1 / 60)
+    other["eval"]["fast"]["ood_oz"]["scored_tokens"] = 1400
+    write_runs(tmp_path / "runs", {"gpt_1m_seed0": record("gpt", "1m", 0, 5.0, 1 / 60), "qlstm_1m_seed0": other,
+                                   "gpt_3m_seed0": record("gpt", "3m", 0, 4.0, 3 / 60)})
+    with pytest.raises(SystemExit, match=r"At 1m .* samples of ood_oz .* 1,000 tokens scored by gpt_1m_seed0; "
+                                         r"1,400 tokens scored by qlstm_1m_seed0\. .*--eval_max_batches N"):
+        compare.main(["--collect", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out" / "leaderboard.md").exists()
+
+
 def test_collect_on_runs_made_by_hand_writes_every_output(compare, tmp_path):
     runs = tmp_path / "anywhere"
     write_runs(runs, {
