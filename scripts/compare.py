@@ -410,6 +410,25 @@ def number(value: float | None, digits: int = 4) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
 
+def class_samples(results: list[Result], mode: str, classes: list[str]) -> tuple[str, bool]:
+    """("40s 8,192, 2m 16,384": the tokens of test each class's entries were scored on, whether they differ)."""
+    scored = {k: next((r.value(mode, "test", "scored_tokens") for r in results if r.compute_class == k), None)
+              for k in classes}
+    said = ", ".join(f"{k} {v:,}" if v is not None else f"{k} unrecorded" for k, v in scored.items())
+    return said, len(set(scored.values())) > 1
+
+
+def sample_sentence(results: list[Result], mode: str, classes: list[str]) -> str:
+    """What each class's entries were scored on (one sample per class: one_sample_per_class), and, where the
+    classes' samples differ, that the fits across classes carry the samples' difference too."""
+    said, differ = class_samples(results, mode, classes)
+    text = f"Every entry of a class is scored on the same sample (tokens of test scored: {said})."
+    if differ:
+        text += (" The classes' samples differ, and perplexity per byte moves with the sample: compare entries "
+                 "within a class; the slopes of the fits across classes carry the samples' difference too.")
+    return text
+
+
 def leaderboard(results: list[Result], mode: str, out: Path, command: str) -> str:
     """leaderboard.csv (a row per entry and class) and leaderboard.md; returns the markdown."""
     classes = sorted({r.compute_class for r in results}, key=compute_class_seconds)
@@ -457,6 +476,8 @@ def leaderboard(results: list[Result], mode: str, out: Path, command: str) -> st
         "Fair by construction: the same data, tokenizer and evaluation for every entry; each entry at its project's "
         "default hyperparameters (none tuned for this table); every run through its project's own train.py. A "
         "lead within the seeds' spread is called within noise.",
+        "",
+        sample_sentence(results, mode, classes),
         "",
         "| class | entry | seeds | test | spread | OOD mean | holmes | oz | french | test per char | parameters | "
         "tokens | tokens/s (source) | hours |",
@@ -516,6 +537,9 @@ def plots(results: list[Result], mode: str, out: Path) -> None:
         points.append(replace(point[0], project=entry, normalised_perplexity=cell.mean))
     fits = scale_plot.fit_projects(points)
     dataset, _, hardware, evaluation = points[0].labels
+    said, differ = class_samples(results, mode, sorted({r.compute_class for r in results}, key=compute_class_seconds))
+    if differ:  # points[0]'s sample is one class's only
+        evaluation = f"{mode} eval on test, each class on its own sample (tokens scored: {said})"
     scale_plot.plot_scaling(points, fits, out / "scale.png",
                             f"the kitchen's comparison: normalised perplexity ({evaluation}; the mean over seeds)\n"
                             f"dataset {dataset}, reference hardware {hardware}"
@@ -536,11 +560,15 @@ def write_outputs(results: list[Result], mode: str, out: Path, command: str) -> 
     print(leaderboard(results, mode, out, command))
     plots(results, mode, out)
     took = sum((r.record.get("wall_seconds") or {}).get("total", 0) for r in results)
-    (out / "commands.sh").write_text(
-        "#!/usr/bin/env bash\n# Reproduces this folder (finished runs are skipped, interrupted ones continue).\n"
-        f"# Its {len(results)} runs took {duration(took)} of wall time in all (their results.json; start-up and "
-        "planning not counted); plans.csv has each run's expected time.\n"
-        f"cd \"$(dirname \"$0\")\"/{os.path.relpath(ROOT, out)}\n{command}\n")
+    header = (f"# Its {len(results)} runs took {duration(took)} of wall time in all (their results.json; start-up "
+              "and planning not counted); plans.csv has each run's expected time.")
+    path = out / "commands.sh"
+    if path.is_file():  # a folder made by several commands keeps them all, in order: the header counts anew
+        lines = [header if line.startswith("# Its ") else line for line in path.read_text().splitlines()]
+        path.write_text("\n".join(lines + ([] if command in lines else [command])) + "\n")
+    else:
+        path.write_text("#!/usr/bin/env bash\n# Reproduces this folder (finished runs are skipped, interrupted ones "
+                        f"continue).\n{header}\ncd \"$(dirname \"$0\")\"/{os.path.relpath(ROOT, out)}\n{command}\n")
     print(f"wrote {out}/leaderboard.md, leaderboard.csv, scale.png, fits.txt, curves.png, commands.sh")
 
 

@@ -172,6 +172,12 @@ def test_a_class_scored_on_two_samples_is_refused_with_the_runs_named(compare, t
     assert not (tmp_path / "out" / "leaderboard.md").exists()
 
 
+def test_each_class_on_its_own_sample_is_allowed_and_said(compare, tmp_path):
+    runs = [compare.Result("gpt", k, 0, tmp_path, record("gpt", k, 0, 5.0, 1 / 60)) for k in ("1m", "3m")]
+    runs[1].record["eval"]["fast"]["test"]["scored_tokens"] = 3000
+    assert "1m 1,000, 3m 3,000). The classes' samples differ" in compare.sample_sentence(runs, "fast", ["1m", "3m"])
+
+
 def test_collect_on_runs_made_by_hand_writes_every_output(compare, tmp_path):
     runs = tmp_path / "anywhere"
     write_runs(runs, {
@@ -191,9 +197,19 @@ def test_collect_on_runs_made_by_hand_writes_every_output(compare, tmp_path):
     assert entries == ["gpt", "gpt", "qlstm", "qlstm --d_model 64"]
     text = (out / "leaderboard.md").read_text()
     assert "| 1m | gpt | 1 | 5.0000 |" in text and "Who leads at each class" in text
+    assert "tokens of test scored: 1m 1,000, 3m 1,000)." in text and "samples differ" not in text
     fits = (out / "fits.txt").read_text()
     assert "-0.9102" in fits  # gpt: 5.0 -> 4.0 from 1m to 3m, a slope of -1 / ln 3
     assert (out / "scale.png").stat().st_size > 0 and (out / "commands.sh").is_file()
+    # a second command on the folder keeps the first and what was written by hand, and counts the runs anew
+    with (out / "commands.sh").open("a") as f:
+        f.write("# evaluated again by hand\n")
+    compare.main(["--collect", str(runs), "--out", str(out), "--mode", "fast"])
+    lines = (out / "commands.sh").read_text().splitlines()
+    assert [line for line in lines if line.startswith("python")] == [
+        f"python scripts/compare.py --collect {runs} --out {out}",
+        f"python scripts/compare.py --collect {runs} --out {out} --mode fast"]
+    assert "# evaluated again by hand" in lines and sum(line.startswith("# Its 4 runs") for line in lines) == 1
 
 
 def test_two_tiny_entries_end_to_end_on_the_default_corpus(compare, tmp_path, default_corpus_root):
