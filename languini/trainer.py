@@ -391,11 +391,20 @@ def check_same_flags(flags: dict, world_size: int) -> None:
                      "with the same command.")
 
 
+CLOSE_GRACE_SECONDS = 0.2  # far longer than gloo's thread needs to free a finished work
+
+
 def close_distributed(ddp: Dist) -> None:
     """Ends the process group of a torchrun run: every process done before any tears its connections down (a gloo
-    process left by the other mid-talk aborts, "terminate called without an active exception")."""
+    process left by the other mid-talk aborts, "terminate called without an active exception").
+
+    After the barrier the process waits a moment without the GIL: gloo's worker thread frees the barrier's work
+    (and the last collective's Python tensors it holds) and needs the GIL for it, while the process group's
+    destructor, run later when the DDP model is freed, joins that thread holding the GIL (a deadlock, seen on
+    the CPU with gloo)."""
     if ddp.world_size > 1 and dist.is_initialized():
         dist.barrier()
+        time.sleep(CLOSE_GRACE_SECONDS)
         dist.destroy_process_group()
 
 
