@@ -391,7 +391,7 @@ def check_same_flags(flags: dict, world_size: int) -> None:
                      "with the same command.")
 
 
-CLOSE_GRACE_SECONDS = 0.2  # far longer than gloo's thread needs to free a finished work
+CLOSE_GRACE_SECONDS = 0.2  # a pause for gloo's thread to free the finished barrier (a few destructor calls)
 
 
 def close_distributed(ddp: Dist) -> None:
